@@ -1,0 +1,164 @@
+/*
+ * extree on-disk format: structures, constants and feature bits
+ *
+ * docs/interop/extree.rst is the normative description; this header mirrors
+ * it.  Every multi-byte field is little-endian.  These are disk types only:
+ * never use them as in-memory state, convert with the helpers in
+ * block/extree-node.c.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ *
+ *   host file
+ *   +----------------+----------------+------------------------------------+
+ *   | superblock     | superblock     | tree nodes, data blocks and free   |
+ *   | slot 0 (4 KiB) | slot 1 (4 KiB) | space, in any order, from          |
+ *   | at 0           | at 4096        | ROUND_UP(8192, block_size) up to   |
+ *   |                |                | host_end                           |
+ *   +----------------+----------------+------------------------------------+
+ *
+ *   superblock --extent_root--> extent tree (guest offset -> host extent)
+ *              --free_root----> free-space tree (host offset -> free run)
+ */
+
+#ifndef BLOCK_EXTREE_FORMAT_H
+#define BLOCK_EXTREE_FORMAT_H
+
+#include <stdint.h>
+
+/* "EXTREE\r\n" read as a little-endian 64-bit number */
+#define EXTREE_MAGIC            0x0a0d454552545845ULL
+#define EXTREE_VERSION          1
+
+#define EXTREE_SB_SIZE          4096
+#define EXTREE_SB_SLOTS         2
+#define EXTREE_SB_AREA          (EXTREE_SB_SIZE * EXTREE_SB_SLOTS)
+
+/* Allocation granularity: power of two in [512, 2 MiB] */
+#define EXTREE_MIN_BLOCK_SIZE   512
+#define EXTREE_MAX_BLOCK_SIZE   (2 * 1024 * 1024)
+#define EXTREE_DEFAULT_BLOCK_SIZE 4096
+
+/* Tree node size: power of two in [4 KiB, 1 MiB], at least block_size */
+#define EXTREE_MIN_NODE_SIZE    4096
+#define EXTREE_MAX_NODE_SIZE    (1024 * 1024)
+#define EXTREE_DEFAULT_NODE_SIZE 16384
+
+/* Levels are numbered from 0 (leaf); a tree has at most this many */
+#define EXTREE_MAX_LEVELS       8
+
+/* Largest virtual size: 2^63 - 1 rounded down to the largest block */
+#define EXTREE_MAX_VIRTUAL_SIZE (INT64_MAX & ~(uint64_t)(EXTREE_MAX_BLOCK_SIZE - 1))
+
+#define EXTREE_BACKING_FILE_MAX 1023
+#define EXTREE_BACKING_FMT_MAX  31
+
+/* Incompatible features: an implementation must refuse read-write access
+ * to an image with a bit it does not know, and may open it read-only only
+ * if the bit is EXTREE_INCOMPAT_CORRUPT. */
+#define EXTREE_INCOMPAT_CORRUPT_BITNR   0
+#define EXTREE_INCOMPAT_CORRUPT         (1ULL << EXTREE_INCOMPAT_CORRUPT_BITNR)
+#define EXTREE_INCOMPAT_MASK            EXTREE_INCOMPAT_CORRUPT
+
+/* Compatible features: none defined; unknown bits are ignored */
+#define EXTREE_COMPAT_MASK              0ULL
+/* Autoclear features: none defined; unknown bits are cleared on write */
+#define EXTREE_AUTOCLEAR_MASK           0ULL
+
+/* Tree identifiers, stored in every node's owner field */
+#define EXTREE_TREE_EXTENT      1
+#define EXTREE_TREE_FREE        2
+
+typedef struct __attribute__((packed)) ExtreeDiskRoot {
+    uint64_t bytenr;            /* host offset of the root node */
+    uint64_t generation;        /* generation stored in that node */
+    uint8_t level;              /* level stored in that node */
+    uint8_t reserved[7];
+} ExtreeDiskRoot;
+
+typedef struct __attribute__((packed)) ExtreeDiskSuper {
+    uint64_t magic;             /*    0: EXTREE_MAGIC */
+    uint32_t version;           /*    8: EXTREE_VERSION */
+    uint32_t sb_size;           /*   12: EXTREE_SB_SIZE */
+    uint32_t csum;              /*   16: crc32c of the 4096 bytes, this field 0 */
+    uint32_t reserved0;         /*   20 */
+    uint64_t generation;        /*   24: transaction that wrote this slot */
+    uint64_t incompat_features; /*   32 */
+    uint64_t compat_features;   /*   40 */
+    uint64_t autoclear_features;/*   48 */
+    uint64_t virtual_size;      /*   56: bytes, multiple of 512 */
+    uint32_t block_size;        /*   64 */
+    uint32_t node_size;         /*   68 */
+    uint64_t host_end;          /*   72: every used or free block lies below */
+    ExtreeDiskRoot extent_root; /*   80 */
+    ExtreeDiskRoot free_root;   /*  104 */
+    uint64_t extent_count;      /*  128: items in the extent tree */
+    uint64_t free_bytes;        /*  136: sum of free-space tree lengths */
+    uint16_t backing_file_len;  /*  144 */
+    uint16_t backing_fmt_len;   /*  146 */
+    uint32_t reserved1;         /*  148 */
+    uint8_t reserved2[1024 - 152];
+    char backing_fmt[32];       /* 1024 */
+    uint8_t reserved3[2048 - 1056];
+    char backing_file[1024];    /* 2048 */
+    uint8_t reserved4[EXTREE_SB_SIZE - 3072];
+} ExtreeDiskSuper;
+
+#define EXTREE_NODE_MAGIC       0x444e5458U     /* "XTND" */
+
+typedef struct __attribute__((packed)) ExtreeDiskNodeHeader {
+    uint32_t csum;              /*  0: crc32c of bytes 4 .. node_size - 1 */
+    uint32_t magic;             /*  4: EXTREE_NODE_MAGIC */
+    uint64_t bytenr;            /*  8: host offset this node was written at */
+    uint64_t generation;        /* 16: transaction that wrote it */
+    uint32_t owner;             /* 24: EXTREE_TREE_* */
+    uint8_t level;              /* 28: 0 = leaf */
+    uint8_t reserved0[3];       /* 29 */
+    uint32_t nritems;           /* 32 */
+    uint32_t reserved1;         /* 36 */
+    uint64_t reserved2[3];      /* 40 */
+} ExtreeDiskNodeHeader;
+
+/* Interior item: the child covers keys from @key up to the next item's key */
+typedef struct __attribute__((packed)) ExtreeDiskKeyPtr {
+    uint64_t key;
+    uint64_t child;             /* host offset of the child node */
+    uint64_t child_generation;
+} ExtreeDiskKeyPtr;
+
+/* Leaf item types */
+#define EXTREE_ITEM_DATA        1   /* guest range stored at host_offset */
+#define EXTREE_ITEM_ZERO        2   /* guest range reads as zeroes */
+#define EXTREE_ITEM_FREE        3   /* free-space tree: free host range */
+
+/* Leaf item.  Extent tree: key = guest offset.  Free-space tree: key =
+ * host_offset = start of a free host range. */
+typedef struct __attribute__((packed)) ExtreeDiskItem {
+    uint64_t key;
+    uint64_t length;
+    uint64_t host_offset;       /* DATA: host offset; ZERO: 0; FREE: = key */
+    uint32_t type;              /* EXTREE_ITEM_* */
+    uint32_t flags;             /* reserved, 0 */
+} ExtreeDiskItem;
+
+#define EXTREE_NODE_HEADER_SIZE sizeof(ExtreeDiskNodeHeader)
+#define EXTREE_LEAF_CAPACITY(node_size) \
+    (((node_size) - EXTREE_NODE_HEADER_SIZE) / sizeof(ExtreeDiskItem))
+#define EXTREE_INTERIOR_CAPACITY(node_size) \
+    (((node_size) - EXTREE_NODE_HEADER_SIZE) / sizeof(ExtreeDiskKeyPtr))
+
+_Static_assert(sizeof(ExtreeDiskRoot) == 24, "ExtreeDiskRoot size");
+_Static_assert(sizeof(ExtreeDiskSuper) == EXTREE_SB_SIZE, "superblock size");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, extent_root) == 80, "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, free_root) == 104, "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, backing_file_len) == 144,
+               "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, backing_fmt) == 1024, "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, backing_file) == 2048,
+               "sb");
+_Static_assert(sizeof(ExtreeDiskNodeHeader) == 64, "node header size");
+_Static_assert(sizeof(ExtreeDiskKeyPtr) == 24, "interior item size");
+_Static_assert(sizeof(ExtreeDiskItem) == 32, "leaf item size");
+
+#endif /* BLOCK_EXTREE_FORMAT_H */
