@@ -1,0 +1,668 @@
+/*
+ * extree backends for tests and tools: memory and POSIX file
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#define _GNU_SOURCE             /* fallocate, FALLOC_FL_PUNCH_HOLE */
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <glib.h>
+
+#include "extree-backend.h"
+
+/* ------------------------------------------------------------------------ */
+/* Memory backend                                                            */
+
+#define MEM_PAGE_BITS   12
+#define MEM_PAGE_SIZE   (1u << MEM_PAGE_BITS)
+#define MEM_SECTOR      512u
+
+typedef struct MemFault {
+    unsigned mask;
+    uint64_t countdown;         /* matching operations to let through */
+    bool sticky;
+    bool tripped;               /* sticky fault has fired */
+    uint64_t count;
+} MemFault;
+
+typedef struct MemBackend {
+    ExtreeBackend be;
+    GHashTable *pages;          /* page index -> uint8_t[MEM_PAGE_SIZE] */
+    uint64_t length;
+
+    bool recording;
+    struct MemBackend *base;    /* contents when recording started */
+    GArray *log;                /* of ExtreeLogEntry; data g_malloc'd */
+
+    MemFault fault;
+    ExtreeMemStats stats;
+} MemBackend;
+
+static const ExtreeBackendOps mem_ops;
+
+static MemBackend *mem_of(ExtreeBackend *be)
+{
+    assert(be && be->ops == &mem_ops);
+    return be->opaque;
+}
+
+static uint8_t *mem_page(MemBackend *m, uint64_t index, bool alloc)
+{
+    gpointer key = (gpointer)(uintptr_t)index;
+    uint8_t *p = g_hash_table_lookup(m->pages, key);
+
+    if (!p && alloc) {
+        p = g_malloc0(MEM_PAGE_SIZE);
+        g_hash_table_insert(m->pages, key, p);
+    }
+    return p;
+}
+
+/* Whether the next operation of kind @kind must fail */
+static bool mem_fault_hit(MemBackend *m, unsigned kind)
+{
+    MemFault *f = &m->fault;
+
+    if (!(f->mask & kind)) {
+        return false;
+    }
+    if (f->tripped) {
+        f->count++;
+        return true;
+    }
+    if (f->countdown > 0) {
+        f->countdown--;
+        return false;
+    }
+    f->count++;
+    if (f->sticky) {
+        f->tripped = true;
+    } else {
+        f->mask = 0;
+    }
+    return true;
+}
+
+static void mem_read(MemBackend *m, uint64_t offset, void *buf,
+                     uint64_t bytes)
+{
+    uint8_t *out = buf;
+
+    while (bytes > 0) {
+        uint64_t in_page = offset & (MEM_PAGE_SIZE - 1);
+        uint64_t n = MIN(bytes, MEM_PAGE_SIZE - in_page);
+        const uint8_t *p = NULL;
+
+        if (offset < m->length) {
+            p = mem_page(m, offset >> MEM_PAGE_BITS, false);
+        }
+        if (p) {
+            /* Bytes of the page past the length were zeroed on truncate */
+            memcpy(out, p + in_page, n);
+        } else {
+            memset(out, 0, n);
+        }
+        out += n;
+        offset += n;
+        bytes -= n;
+    }
+}
+
+static void mem_write(MemBackend *m, uint64_t offset, const void *buf,
+                      uint64_t bytes)
+{
+    const uint8_t *in = buf;
+    uint64_t end = offset + bytes;
+
+    while (bytes > 0) {
+        uint64_t in_page = offset & (MEM_PAGE_SIZE - 1);
+        uint64_t n = MIN(bytes, MEM_PAGE_SIZE - in_page);
+
+        memcpy(mem_page(m, offset >> MEM_PAGE_BITS, true) + in_page, in, n);
+        in += n;
+        offset += n;
+        bytes -= n;
+    }
+    m->length = MAX(m->length, end);
+}
+
+/* Zero [offset, offset + bytes), dropping whole pages; does not extend */
+static void mem_zero(MemBackend *m, uint64_t offset, uint64_t bytes)
+{
+    while (bytes > 0) {
+        uint64_t index = offset >> MEM_PAGE_BITS;
+        uint64_t in_page = offset & (MEM_PAGE_SIZE - 1);
+        uint64_t n = MIN(bytes, MEM_PAGE_SIZE - in_page);
+
+        if (n == MEM_PAGE_SIZE) {
+            g_hash_table_remove(m->pages, (gpointer)(uintptr_t)index);
+        } else {
+            uint8_t *p = mem_page(m, index, false);
+            if (p) {
+                memset(p + in_page, 0, n);
+            }
+        }
+        offset += n;
+        bytes -= n;
+    }
+}
+
+static void mem_truncate(MemBackend *m, uint64_t size)
+{
+    if (size < m->length) {
+        /* Later growth must read zeros, so clear the dropped bytes.  The
+         * range is bounded by pages that actually exist. */
+        GHashTableIter it;
+        gpointer key, value;
+        uint64_t first = size >> MEM_PAGE_BITS;
+
+        g_hash_table_iter_init(&it, m->pages);
+        while (g_hash_table_iter_next(&it, &key, &value)) {
+            uint64_t index = (uintptr_t)key;
+            if (index > first ||
+                (index == first && !(size & (MEM_PAGE_SIZE - 1)))) {
+                g_hash_table_iter_remove(&it);
+            } else if (index == first) {
+                uint64_t in_page = size & (MEM_PAGE_SIZE - 1);
+                memset((uint8_t *)value + in_page, 0,
+                       MEM_PAGE_SIZE - in_page);
+            }
+        }
+    }
+    m->length = size;
+}
+
+/* g_memdup2 needs glib 2.68 */
+static void *mem_dup(const void *buf, size_t bytes)
+{
+    return memcpy(g_malloc(bytes), buf, bytes);
+}
+
+static void mem_log(MemBackend *m, ExtreeLogOp op, uint64_t offset,
+                    const void *buf, uint64_t bytes)
+{
+    ExtreeLogEntry e = {
+        .op = op,
+        .offset = offset,
+        .bytes = bytes,
+    };
+
+    if (m->recording) {
+        e.data = buf ? mem_dup(buf, bytes) : NULL;
+        g_array_append_val(m->log, e);
+    }
+}
+
+static int mem_op_pread(void *opaque, uint64_t offset, void *buf,
+                        uint64_t bytes)
+{
+    MemBackend *m = opaque;
+
+    if (mem_fault_hit(m, EXTREE_FAULT_READ)) {
+        return -EIO;
+    }
+    mem_read(m, offset, buf, bytes);
+    m->stats.reads++;
+    m->stats.bytes_read += bytes;
+    return 0;
+}
+
+static int mem_op_pwrite(void *opaque, uint64_t offset, const void *buf,
+                         uint64_t bytes)
+{
+    MemBackend *m = opaque;
+
+    if (offset + bytes < offset) {
+        return -EINVAL;
+    }
+    if (mem_fault_hit(m, EXTREE_FAULT_WRITE)) {
+        return -EIO;
+    }
+    mem_write(m, offset, buf, bytes);
+    mem_log(m, EXTREE_LOG_WRITE, offset, buf, bytes);
+    m->stats.writes++;
+    m->stats.bytes_written += bytes;
+    return 0;
+}
+
+static int mem_op_flush(void *opaque)
+{
+    MemBackend *m = opaque;
+
+    if (mem_fault_hit(m, EXTREE_FAULT_FLUSH)) {
+        return -EIO;
+    }
+    mem_log(m, EXTREE_LOG_FLUSH, 0, NULL, 0);
+    m->stats.flushes++;
+    return 0;
+}
+
+static int mem_op_truncate(void *opaque, uint64_t size)
+{
+    MemBackend *m = opaque;
+
+    if (mem_fault_hit(m, EXTREE_FAULT_TRUNCATE)) {
+        return -EIO;
+    }
+    mem_truncate(m, size);
+    mem_log(m, EXTREE_LOG_TRUNCATE, size, NULL, 0);
+    m->stats.truncates++;
+    return 0;
+}
+
+static int mem_op_discard(void *opaque, uint64_t offset, uint64_t bytes)
+{
+    MemBackend *m = opaque;
+
+    if (offset + bytes < offset) {
+        return -EINVAL;
+    }
+    if (mem_fault_hit(m, EXTREE_FAULT_DISCARD)) {
+        return -EIO;
+    }
+    mem_zero(m, offset, MIN(bytes, m->length > offset ?
+                                   m->length - offset : 0));
+    mem_log(m, EXTREE_LOG_DISCARD, offset, NULL, bytes);
+    m->stats.discards++;
+    return 0;
+}
+
+static int64_t mem_op_get_length(void *opaque)
+{
+    MemBackend *m = opaque;
+
+    return m->length;
+}
+
+static const ExtreeBackendOps mem_ops = {
+    .pread = mem_op_pread,
+    .pwrite = mem_op_pwrite,
+    .flush = mem_op_flush,
+    .truncate = mem_op_truncate,
+    .discard = mem_op_discard,
+    .get_length = mem_op_get_length,
+};
+
+static MemBackend *mem_new(void)
+{
+    MemBackend *m = g_new0(MemBackend, 1);
+
+    m->be.ops = &mem_ops;
+    m->be.opaque = m;
+    m->pages = g_hash_table_new_full(g_direct_hash, g_direct_equal,
+                                     NULL, g_free);
+    m->log = g_array_new(false, false, sizeof(ExtreeLogEntry));
+    return m;
+}
+
+ExtreeBackend *extree_mem_backend_new(void)
+{
+    return &mem_new()->be;
+}
+
+static void mem_clear_log(MemBackend *m)
+{
+    for (guint i = 0; i < m->log->len; i++) {
+        g_free((void *)g_array_index(m->log, ExtreeLogEntry, i).data);
+    }
+    g_array_set_size(m->log, 0);
+    if (m->base) {
+        extree_mem_backend_free(&m->base->be);
+        m->base = NULL;
+    }
+}
+
+void extree_mem_backend_free(ExtreeBackend *be)
+{
+    MemBackend *m;
+
+    if (!be) {
+        return;
+    }
+    m = mem_of(be);
+    mem_clear_log(m);
+    g_array_free(m->log, true);
+    g_hash_table_destroy(m->pages);
+    g_free(m);
+}
+
+static MemBackend *mem_clone(MemBackend *src)
+{
+    MemBackend *m = mem_new();
+    GHashTableIter it;
+    gpointer key, value;
+
+    g_hash_table_iter_init(&it, src->pages);
+    while (g_hash_table_iter_next(&it, &key, &value)) {
+        g_hash_table_insert(m->pages, key, mem_dup(value, MEM_PAGE_SIZE));
+    }
+    m->length = src->length;
+    return m;
+}
+
+ExtreeBackend *extree_mem_backend_clone(ExtreeBackend *be)
+{
+    return &mem_clone(mem_of(be))->be;
+}
+
+bool extree_mem_backend_equal(ExtreeBackend *a, ExtreeBackend *b)
+{
+    MemBackend *ma = mem_of(a), *mb = mem_of(b);
+    static const uint8_t zero[MEM_PAGE_SIZE];
+    GHashTableIter it;
+    gpointer key, value;
+
+    if (ma->length != mb->length) {
+        return false;
+    }
+    /* A missing page equals an all-zero one; check both directions */
+    for (int pass = 0; pass < 2; pass++) {
+        MemBackend *x = pass ? mb : ma, *y = pass ? ma : mb;
+
+        g_hash_table_iter_init(&it, x->pages);
+        while (g_hash_table_iter_next(&it, &key, &value)) {
+            const uint8_t *other = mem_page(y, (uintptr_t)key, false);
+            if (memcmp(value, other ? other : zero, MEM_PAGE_SIZE)) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+uint64_t extree_mem_backend_pages(ExtreeBackend *be)
+{
+    return g_hash_table_size(mem_of(be)->pages);
+}
+
+void extree_mem_backend_start_recording(ExtreeBackend *be)
+{
+    MemBackend *m = mem_of(be);
+
+    mem_clear_log(m);
+    m->base = mem_clone(m);
+    m->recording = true;
+}
+
+void extree_mem_backend_stop_recording(ExtreeBackend *be)
+{
+    mem_of(be)->recording = false;
+}
+
+size_t extree_mem_backend_log_length(ExtreeBackend *be)
+{
+    return mem_of(be)->log->len;
+}
+
+void extree_mem_backend_log_entry(ExtreeBackend *be, size_t i,
+                                  ExtreeLogEntry *e)
+{
+    MemBackend *m = mem_of(be);
+
+    assert(i < m->log->len);
+    *e = g_array_index(m->log, ExtreeLogEntry, i);
+}
+
+/* splitmix64: small, fast, and the same everywhere */
+static uint64_t crash_rand(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static void crash_apply(MemBackend *m, const ExtreeLogEntry *e)
+{
+    switch (e->op) {
+    case EXTREE_LOG_WRITE:
+        mem_write(m, e->offset, e->data, e->bytes);
+        break;
+    case EXTREE_LOG_TRUNCATE:
+        mem_truncate(m, e->offset);
+        break;
+    case EXTREE_LOG_DISCARD:
+        mem_zero(m, e->offset, MIN(e->bytes, m->length > e->offset ?
+                                             m->length - e->offset : 0));
+        break;
+    case EXTREE_LOG_FLUSH:
+        break;
+    }
+}
+
+/* Apply an unflushed write sector by sector, each one kept, skipped or
+ * (with @garbage) overwritten with noise */
+static void crash_tear_write(MemBackend *m, const ExtreeLogEntry *e,
+                             bool garbage, uint64_t *rng)
+{
+    uint64_t pos = e->offset, end = e->offset + e->bytes;
+    uint8_t noise[MEM_SECTOR];
+
+    while (pos < end) {
+        /* Sectors are aligned on the device, not within the write */
+        uint64_t n = MIN(end, (pos | (MEM_SECTOR - 1)) + 1) - pos;
+        uint64_t r = crash_rand(rng) % (garbage ? 3 : 2);
+
+        if (r == 0) {
+            mem_write(m, pos, e->data + (pos - e->offset), n);
+        } else if (r == 2) {
+            for (uint64_t i = 0; i < n; i += 8) {
+                uint64_t v = crash_rand(rng);
+                memcpy(noise + i, &v, MIN(8, n - i));
+            }
+            mem_write(m, pos, noise, n);
+        }
+        pos += n;
+    }
+}
+
+ExtreeBackend *extree_mem_backend_crash_image(ExtreeBackend *be,
+                                              size_t prefix,
+                                              ExtreeCrashMode mode,
+                                              uint64_t seed)
+{
+    MemBackend *m = mem_of(be);
+    MemBackend *out;
+    size_t flushed = 0;         /* entries up to and including last flush */
+    uint64_t rng = seed;
+
+    assert(m->base && prefix <= m->log->len);
+    out = mem_clone(m->base);
+    for (size_t i = 0; i < prefix; i++) {
+        if (g_array_index(m->log, ExtreeLogEntry, i).op == EXTREE_LOG_FLUSH) {
+            flushed = i + 1;
+        }
+    }
+    for (size_t i = 0; i < prefix; i++) {
+        const ExtreeLogEntry *e = &g_array_index(m->log, ExtreeLogEntry, i);
+
+        if (i < flushed || mode == EXTREE_CRASH_KEEP) {
+            crash_apply(out, e);
+        } else if (mode == EXTREE_CRASH_DROP) {
+            continue;
+        } else if (e->op == EXTREE_LOG_WRITE) {
+            crash_tear_write(out, e, mode == EXTREE_CRASH_GARBAGE, &rng);
+        } else if (crash_rand(&rng) & 1) {
+            crash_apply(out, e);
+        }
+    }
+    return &out->be;
+}
+
+void extree_mem_backend_inject_fault(ExtreeBackend *be, unsigned mask,
+                                     uint64_t nth, bool sticky)
+{
+    MemBackend *m = mem_of(be);
+
+    m->fault.mask = mask;
+    m->fault.countdown = nth;
+    m->fault.sticky = sticky;
+    m->fault.tripped = false;
+}
+
+uint64_t extree_mem_backend_faults(ExtreeBackend *be)
+{
+    return mem_of(be)->fault.count;
+}
+
+void extree_mem_backend_stats(ExtreeBackend *be, ExtreeMemStats *st)
+{
+    *st = mem_of(be)->stats;
+}
+
+void extree_mem_backend_reset_stats(ExtreeBackend *be)
+{
+    memset(&mem_of(be)->stats, 0, sizeof(ExtreeMemStats));
+}
+
+/* ------------------------------------------------------------------------ */
+/* POSIX file backend                                                        */
+
+typedef struct PosixBackend {
+    ExtreeBackend be;
+    int fd;
+} PosixBackend;
+
+static int posix_op_pread(void *opaque, uint64_t offset, void *buf,
+                          uint64_t bytes)
+{
+    PosixBackend *p = opaque;
+    uint8_t *out = buf;
+
+    while (bytes > 0) {
+        ssize_t n = pread(p->fd, out, MIN(bytes, (uint64_t)1 << 30), offset);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -errno;
+        }
+        if (n == 0) {
+            /* Past the end of the file reads as zeros, as in QEMU */
+            memset(out, 0, bytes);
+            break;
+        }
+        out += n;
+        offset += n;
+        bytes -= n;
+    }
+    return 0;
+}
+
+static int posix_op_pwrite(void *opaque, uint64_t offset, const void *buf,
+                           uint64_t bytes)
+{
+    PosixBackend *p = opaque;
+    const uint8_t *in = buf;
+
+    while (bytes > 0) {
+        ssize_t n = pwrite(p->fd, in, MIN(bytes, (uint64_t)1 << 30), offset);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -errno;
+        }
+        in += n;
+        offset += n;
+        bytes -= n;
+    }
+    return 0;
+}
+
+static int posix_op_flush(void *opaque)
+{
+    PosixBackend *p = opaque;
+
+    return fdatasync(p->fd) < 0 ? -errno : 0;
+}
+
+static int posix_op_truncate(void *opaque, uint64_t size)
+{
+    PosixBackend *p = opaque;
+
+    if (size > INT64_MAX) {
+        return -EFBIG;
+    }
+    return ftruncate(p->fd, size) < 0 ? -errno : 0;
+}
+
+static int posix_op_discard(void *opaque, uint64_t offset, uint64_t bytes)
+{
+#ifdef FALLOC_FL_PUNCH_HOLE
+    PosixBackend *p = opaque;
+
+    if (fallocate(p->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                  offset, bytes) < 0) {
+        return -errno;
+    }
+    return 0;
+#else
+    return -ENOTSUP;
+#endif
+}
+
+static int64_t posix_op_get_length(void *opaque)
+{
+    PosixBackend *p = opaque;
+    struct stat st;
+
+    return fstat(p->fd, &st) < 0 ? -errno : st.st_size;
+}
+
+static const ExtreeBackendOps posix_ops = {
+    .pread = posix_op_pread,
+    .pwrite = posix_op_pwrite,
+    .flush = posix_op_flush,
+    .truncate = posix_op_truncate,
+    .discard = posix_op_discard,
+    .get_length = posix_op_get_length,
+};
+
+ExtreeBackend *extree_posix_backend_open(const char *path, bool create,
+                                         char **errmsg)
+{
+    int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0);
+    PosixBackend *p;
+    int fd;
+
+    do {
+        fd = open(path, flags, 0644);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+        if (errmsg) {
+            *errmsg = g_strdup_printf("Could not %s '%s': %s",
+                                      create ? "create" : "open", path,
+                                      g_strerror(errno));
+        }
+        return NULL;
+    }
+    p = g_new0(PosixBackend, 1);
+    p->be.ops = &posix_ops;
+    p->be.opaque = p;
+    p->fd = fd;
+    return &p->be;
+}
+
+void extree_posix_backend_close(ExtreeBackend *be)
+{
+    PosixBackend *p;
+
+    if (!be) {
+        return;
+    }
+    assert(be->ops == &posix_ops);
+    p = be->opaque;
+    close(p->fd);
+    g_free(p);
+}
