@@ -1,0 +1,65 @@
+#!/bin/bash
+# Run QEMU's generic iotests (and, for extree, the project's own iotests)
+# against build/qemu for each format given, and summarize.
+#
+#   scripts/run-iotests.sh [FORMAT...]        default: qcow2 raw, and extree
+#                                             once the driver is built
+# Results: build/iotests/FORMAT.results ("TEST RESULT" per line) and the
+# full log build/iotests/FORMAT.log.  An expected failure is a test listed
+# for that format in tests/qemu-iotests/known-failures with its reason.
+# Exit status 1 if any test failed unexpectedly.
+set -uo pipefail
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+blddir=$top/build/qemu
+out=$top/build/iotests
+die() { echo "run-iotests: error: $*" >&2; exit 2; }
+
+[ -x "$blddir/tests/qemu-iotests/check" ] ||
+    die "build/qemu is not built: run scripts/build-qemu.sh (or make check)"
+src=$(awk '{ print $NF }' "$top/build/qemu-version.txt")
+iot=$src/tests/qemu-iotests
+
+fmts=("$@")
+if [ ${#fmts[@]} -eq 0 ]; then
+    fmts=(qcow2 raw)
+    "$blddir/qemu-img" --help | grep -q -w extree && fmts+=(extree)
+fi
+
+mapfile -t generic < <("$top/scripts/iotests-list.py" "$iot")
+mkdir -p "$out"
+
+total_fail=0
+for fmt in "${fmts[@]}"; do
+    tests=("${generic[@]}")
+    if [ "$fmt" = extree ]; then
+        mapfile -t own < <(cd "$iot" && ls tests/ 2>/dev/null | grep '^extree' | grep -v '\.out$')
+        tests+=("${own[@]}")
+    fi
+    echo "iotests -$fmt: ${#tests[@]} tests"
+    (cd "$blddir/tests/qemu-iotests" && ./check -$fmt "${tests[@]}") > "$out/$fmt.log" 2>&1
+    tr '\r' '\n' < "$out/$fmt.log" |
+        awk '$2 == "pass" || $2 == "fail" { print $1, $2 }
+             $2 == "not" && $3 == "run" { print $1, "notrun" }' | sort -u -k1,1 > "$out/$fmt.results"
+    pass=0 fail=0 xfail=0 notrun=0 unexpected=()
+    while read -r t r; do
+        case $r in
+        pass) pass=$((pass + 1)) ;;
+        notrun) notrun=$((notrun + 1)) ;;
+        fail)
+            if grep -q -E "^$fmt[[:space:]]+$t[[:space:]]" "$top/tests/qemu-iotests/known-failures" 2>/dev/null; then
+                xfail=$((xfail + 1))
+            else
+                fail=$((fail + 1)); unexpected+=("$t")
+            fi ;;
+        esac
+    done < "$out/$fmt.results"
+    missing=$(( ${#tests[@]} - pass - fail - xfail - notrun ))
+    echo "iotests -$fmt: $pass passed, $fail failed, $xfail expected failures, $notrun not run${missing:+, $missing without result}"
+    if [ ${#unexpected[@]} -gt 0 ]; then
+        echo "iotests -$fmt: unexpected failures: ${unexpected[*]} (see build/iotests/$fmt.log)"
+    fi
+    echo "$fmt $pass $fail $xfail $notrun" >> "$out/summary"
+    total_fail=$((total_fail + fail + (missing > 0 ? missing : 0)))
+done
+[ $total_fail -eq 0 ]
