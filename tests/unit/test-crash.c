@@ -1,0 +1,620 @@
+/*
+ * Crash-point enumeration and I/O failure tests of the extree core
+ *
+ * A workload of several transactions (maps with data, overwrites, punches,
+ * zeroes, explicit commits and commits forced by a small dirty limit) runs
+ * on a recording memory backend.  Then for every prefix of the write log,
+ * with the writes after its last flush kept, dropped, torn or torn with
+ * garbage, the resulting device must open, show exactly one committed state
+ * (mapping, generation and the data it points to) that a crash at that
+ * point may legitimately leave, and pass the checker without corruption.
+ *
+ * Failed writes and flushes during a commit must fail the commit and leave
+ * the previous committed state on disk.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <glib.h>
+
+#include "extree.h"
+#include "extree-backend.h"
+#include "block/extree-format.h"
+#include "model.h"
+
+#define VSIZE           (8 << 20)
+#define BS              4096
+#define NODE            4096
+#define DATA_MAGIC      0x4154414445455254ULL   /* "TREEDATA" */
+
+/* First bytes of every data block the workload writes */
+typedef struct DataHeader {
+    uint64_t magic;
+    uint64_t guest;             /* guest offset of the block */
+    uint64_t tag;               /* which write */
+} DataHeader;
+
+typedef struct State {
+    uint64_t gen;
+    Model m;
+    bool forced;                /* by the dirty limit */
+    size_t sb_index;            /* log index of its superblock write */
+    size_t end;                 /* log prefix that makes it durable */
+} State;
+
+typedef struct Workload {
+    uint64_t seed, rng;
+    ExtreeBackend *be;
+    Extree *t;
+    Model model;
+    GArray *states;             /* of State */
+    uint32_t tag;
+    uint8_t *buf;
+} Workload;
+
+static const ExtreeCreateParams create_params = {
+    .virtual_size = VSIZE,
+    .block_size = BS,
+    .node_size = NODE,
+};
+
+static void wl_open(Workload *w, uint64_t dirty_limit)
+{
+    ExtreeOpenOptions o = { .dirty_limit = dirty_limit };
+    char *err = NULL;
+    int ret = extree_open(w->be, &o, &w->t, &err);
+
+    if (ret < 0) {
+        g_error("extree_open: %s: %s", g_strerror(-ret), err ? err : "");
+    }
+}
+
+/* Log index of the last superblock write in [from, to) */
+static size_t find_sb_write(ExtreeBackend *be, size_t from, size_t to)
+{
+    size_t found = SIZE_MAX;
+
+    for (size_t i = from; i < to; i++) {
+        ExtreeLogEntry e;
+        extree_mem_backend_log_entry(be, i, &e);
+        if (e.op == EXTREE_LOG_WRITE && e.offset < EXTREE_SB_AREA) {
+            found = i;
+        }
+    }
+    return found;
+}
+
+/* A commit has happened within log entries [from, now) */
+static void wl_record_state(Workload *w, size_t from, bool forced)
+{
+    State s = {
+        .gen = extree_generation(w->t),
+        .end = extree_mem_backend_log_length(w->be),
+    };
+
+    s.sb_index = find_sb_write(w->be, from, s.end);
+    g_assert_cmpuint(s.sb_index, !=, SIZE_MAX);
+    /* Durable once the first flush after the superblock write is done */
+    for (size_t i = s.sb_index + 1; i < s.end; i++) {
+        ExtreeLogEntry e;
+        extree_mem_backend_log_entry(w->be, i, &e);
+        if (e.op == EXTREE_LOG_FLUSH) {
+            s.end = i + 1;
+            break;
+        }
+    }
+    model_init(&s.m, VSIZE, BS);
+    model_copy(&s.m, &w->model);
+    s.forced = forced;
+    g_array_append_val(w->states, s);
+}
+
+static void wl_commit(Workload *w)
+{
+    size_t from = extree_mem_backend_log_length(w->be);
+    uint64_t gen = extree_generation(w->t);
+    bool dirty = extree_is_dirty(w->t);
+
+    g_assert_cmpint(extree_commit(w->t), ==, 0);
+    g_assert_cmpuint(extree_generation(w->t), ==, gen + dirty);
+    if (dirty) {
+        wl_record_state(w, from, false);
+    } else {
+        /* Nothing dirty: nothing written */
+        g_assert_cmpuint(extree_mem_backend_log_length(w->be), ==, from);
+    }
+}
+
+static void fill_block(uint8_t *p, uint64_t guest, uint64_t tag)
+{
+    DataHeader h = { DATA_MAGIC, guest, tag };
+
+    memset(p, (uint8_t)tag, BS);
+    memcpy(p, &h, sizeof(h));
+}
+
+/* An update call may end with a commit forced by the dirty limit, which
+ * makes the state after the call durable */
+static void wl_after_update(Workload *w, uint64_t gen, size_t from)
+{
+    if (extree_generation(w->t) != gen) {
+        g_assert_cmpuint(extree_generation(w->t), ==, gen + 1);
+        wl_record_state(w, from, true);
+    }
+}
+
+/* Allocate, write the data, map: what a guest write does */
+static void wl_insert(Workload *w, uint64_t blk, uint64_t n)
+{
+    uint64_t guest = blk * BS, left = n * BS;
+    uint32_t tag = ++w->tag;
+
+    while (left > 0) {
+        uint64_t host, got, gen = extree_generation(w->t);
+        size_t from = extree_mem_backend_log_length(w->be);
+
+        g_assert_cmpint(extree_alloc_data(w->t, guest, left, &host, &got),
+                        ==, 0);
+        wl_after_update(w, gen, from);
+        g_assert_cmpuint(got, >, 0);
+        for (uint64_t i = 0; i < got; i += BS) {
+            fill_block(w->buf + i, guest + i, tag);
+        }
+        g_assert_cmpint(w->be->ops->pwrite(w->be->opaque, host, w->buf, got),
+                        ==, 0);
+
+        gen = extree_generation(w->t);
+        from = extree_mem_backend_log_length(w->be);
+        g_assert_cmpint(extree_map_data(w->t, guest, got, host), ==, 0);
+        model_set(&w->model, guest / BS, got / BS, EXTREE_RUN_DATA, host,
+                  tag);
+        wl_after_update(w, gen, from);
+        guest += got;
+        left -= got;
+    }
+}
+
+static void wl_random_op(Workload *w, unsigned insert_pct)
+{
+    uint64_t n = 1 + model_rand_below(&w->rng, 8);
+    uint64_t blk = model_rand_below(&w->rng, VSIZE / BS - n + 1);
+    unsigned dice = model_rand_below(&w->rng, 100);
+    uint64_t gen = extree_generation(w->t);
+    size_t from = extree_mem_backend_log_length(w->be);
+
+    if (dice < insert_pct) {
+        wl_insert(w, blk, n);
+    } else if (dice < insert_pct + (100 - insert_pct) / 2) {
+        g_assert_cmpint(extree_punch(w->t, blk * BS, n * BS), ==, 0);
+        model_set(&w->model, blk, n, EXTREE_RUN_UNALLOC, 0, 0);
+        wl_after_update(w, gen, from);
+    } else {
+        g_assert_cmpint(extree_set_zero(w->t, blk * BS, n * BS), ==, 0);
+        model_set(&w->model, blk, n, EXTREE_RUN_ZERO, 0, 0);
+        wl_after_update(w, gen, from);
+    }
+}
+
+/* Create an image, then record a workload; states[0] is the created one */
+static void wl_run(Workload *w, uint64_t seed)
+{
+    State s0 = { 0 };
+    char *err = NULL;
+
+    memset(w, 0, sizeof(*w));
+    w->seed = w->rng = seed;
+    w->be = extree_mem_backend_new();
+    w->states = g_array_new(false, false, sizeof(State));
+    w->buf = g_malloc(8 * BS);
+    model_init(&w->model, VSIZE, BS);
+    g_assert_cmpint(extree_create(w->be, &create_params, &err), ==, 0);
+
+    extree_mem_backend_start_recording(w->be);
+    wl_open(w, 0);
+    s0.gen = extree_generation(w->t);
+    model_init(&s0.m, VSIZE, BS);
+    g_array_append_val(w->states, s0);
+
+    /* T1: fill */
+    for (int i = 0; i < 150; i++) {
+        wl_insert(w, model_rand_below(&w->rng, VSIZE / BS - 8),
+                  1 + model_rand_below(&w->rng, 8));
+    }
+    wl_commit(w);
+    /* T2, T3: overwrite, punch, zero; then an empty commit */
+    for (int i = 0; i < 120; i++) {
+        wl_random_op(w, 50);
+    }
+    wl_commit(w);
+    for (int i = 0; i < 40; i++) {
+        wl_random_op(w, 30);
+    }
+    wl_commit(w);
+    wl_commit(w);
+    /* T4: a dirty limit of a few nodes forces commits on the way */
+    extree_close(w->t);
+    wl_open(w, 4 * NODE);
+    for (int i = 0; i < 100; i++) {
+        wl_random_op(w, 50);
+    }
+    wl_commit(w);
+    extree_close(w->t);
+    w->t = NULL;
+    extree_mem_backend_stop_recording(w->be);
+}
+
+static void wl_free(Workload *w)
+{
+    for (guint i = 0; i < w->states->len; i++) {
+        State *s = &g_array_index(w->states, State, i);
+        model_destroy(&s->m);
+    }
+    g_array_free(w->states, true);
+    model_destroy(&w->model);
+    extree_mem_backend_free(w->be);
+    g_free(w->buf);
+}
+
+/* ---- verification of one crash image ---- */
+
+typedef struct CrashStats {
+    uint64_t images, leaky_images, leaks, leaked_bytes;
+    uint64_t per_state[64];
+} CrashStats;
+
+/* Every DATA block of @m holds what was written for it */
+static char *check_data(ExtreeBackend *img, const Model *m)
+{
+    DataHeader h;
+
+    for (uint64_t i = 0; i < m->nblocks; i++) {
+        const ModelBlock *b = &m->b[i];
+        if (b->type != EXTREE_RUN_DATA) {
+            continue;
+        }
+        g_assert_cmpint(img->ops->pread(img->opaque, b->host, &h, sizeof(h)),
+                        ==, 0);
+        if (h.magic != DATA_MAGIC || h.guest != i * BS || h.tag != b->tag) {
+            return g_strdup_printf("data of guest 0x%" PRIx64 " at host 0x%"
+                                   PRIx64 ": have guest 0x%" PRIx64 " tag %"
+                                   PRIu64 ", expect tag %u", i * BS, b->host,
+                                   h.guest, h.tag, b->tag);
+        }
+    }
+    return NULL;
+}
+
+static void report_line(void *opaque, const char *msg)
+{
+    fprintf(stderr, "  check: %s\n", msg);
+}
+
+static const char *mode_name[] = { "keep", "drop", "tear", "garbage" };
+
+/*
+ * Open the crash image of log prefix @p in @mode and verify it.  The
+ * states it may show: the newest whose commit had flushed its superblock
+ * (@lo), or a newer one whose superblock write is among the unflushed
+ * writes, if they survived (always in KEEP, never in DROP).
+ */
+static void verify_image(Workload *w, size_t p, ExtreeCrashMode mode,
+                         uint64_t seed, CrashStats *cs)
+{
+    ExtreeBackend *img = extree_mem_backend_crash_image(w->be, p, mode, seed);
+    ExtreeOpenOptions o = { 0 };
+    ExtreeCheckResult res;
+    Extree *t;
+    char *err = NULL, *diff = NULL;
+    guint lo = 0, hi = 0, k;
+    State *s = NULL;
+    int ret;
+
+    for (guint i = 0; i < w->states->len; i++) {
+        State *si = &g_array_index(w->states, State, i);
+        if (si->end <= p) {
+            lo = i;
+        }
+        if (i > 0 && si->sb_index < p) {
+            hi = i;
+        }
+    }
+    ret = extree_open(img, &o, &t, &err);
+    if (ret < 0) {
+        g_error("prefix %zu (%s, seed %" PRIu64 "): open failed: %s: %s", p,
+                mode_name[mode], w->seed, g_strerror(-ret), err ? err : "");
+    }
+    for (k = lo; k <= hi; k++) {
+        if (g_array_index(w->states, State, k).gen == extree_generation(t)) {
+            s = &g_array_index(w->states, State, k);
+            break;
+        }
+    }
+    if (!s || (mode == EXTREE_CRASH_DROP && k != lo) ||
+        (mode == EXTREE_CRASH_KEEP && k != hi)) {
+        g_error("prefix %zu (%s, seed %" PRIu64 "): opened generation %"
+                PRIu64 ", expected states %u..%u (generations %" PRIu64 "..%"
+                PRIu64 ")", p, mode_name[mode], w->seed,
+                extree_generation(t), lo, hi,
+                g_array_index(w->states, State, lo).gen,
+                g_array_index(w->states, State, hi).gen);
+    }
+    diff = model_compare_walk(&s->m, t, EXTREE_COALESCE_HOST, NULL);
+    if (!diff) {
+        diff = check_data(img, &s->m);
+    }
+    if (diff) {
+        g_error("prefix %zu (%s, seed %" PRIu64 "), state %u (generation %"
+                PRIu64 "): %s", p, mode_name[mode], w->seed, k, s->gen, diff);
+    }
+    ret = extree_check(t, false, &res, report_line, NULL);
+    if (ret < 0 || res.corruptions) {
+        g_error("prefix %zu (%s, seed %" PRIu64 "), state %u: check returned"
+                " %d, %" PRIu64 " corruptions", p, mode_name[mode], w->seed,
+                k, ret, res.corruptions);
+    }
+    if (res.leaks) {
+        cs->leaky_images++;
+        cs->leaks += res.leaks;
+        cs->leaked_bytes += res.leaked_bytes;
+    }
+    cs->images++;
+    cs->per_state[MIN(k, G_N_ELEMENTS(cs->per_state) - 1)]++;
+    extree_close(t);
+    extree_mem_backend_free(img);
+}
+
+static void test_enumerate(void)
+{
+    Workload w;
+    CrashStats cs = { 0 };
+    size_t len, flushes = 0;
+    gint64 t0 = g_get_monotonic_time();
+    uint64_t seed = model_seed();
+
+    g_test_message("seed %" PRIu64 " (EXTREE_SEED=%" PRIu64 " to replay)",
+                   seed, seed);
+    wl_run(&w, seed);
+    len = extree_mem_backend_log_length(w.be);
+    for (size_t i = 0; i < len; i++) {
+        ExtreeLogEntry e;
+        extree_mem_backend_log_entry(w.be, i, &e);
+        flushes += e.op == EXTREE_LOG_FLUSH;
+    }
+    g_test_message("log: %zu entries, %zu flushes, %u committed states",
+                   len, flushes, w.states->len);
+    for (guint i = 0; i < w.states->len; i++) {
+        State *s = &g_array_index(w.states, State, i);
+        g_test_message("  state %u: generation %" PRIu64 ", %" PRIu64
+                       " extents, superblock write at %zu, durable at %zu%s",
+                       i, s->gen, model_extent_count(&s->m),
+                       i ? s->sb_index : 0, s->end,
+                       s->forced ? " (forced)" : "");
+    }
+    g_assert_cmpuint(w.states->len, >=, 6);
+
+    for (size_t p = 0; p <= len; p++) {
+        verify_image(&w, p, EXTREE_CRASH_KEEP, 0, &cs);
+        verify_image(&w, p, EXTREE_CRASH_DROP, 0, &cs);
+        for (uint64_t s = 0; s < 2; s++) {
+            verify_image(&w, p, EXTREE_CRASH_TEAR, seed + p * 4 + s, &cs);
+        }
+        verify_image(&w, p, EXTREE_CRASH_GARBAGE, seed + p * 4 + 3, &cs);
+    }
+    g_test_message("%" PRIu64 " crash images verified in %.2f s; %" PRIu64
+                   " with leaks (%" PRIu64 " leaks, %" PRIu64 " bytes)",
+                   cs.images, (g_get_monotonic_time() - t0) / 1e6,
+                   cs.leaky_images, cs.leaks, cs.leaked_bytes);
+    for (guint i = 0; i < MIN(w.states->len, G_N_ELEMENTS(cs.per_state)); i++) {
+        g_test_message("  state %u shown by %" PRIu64 " images", i,
+                       cs.per_state[i]);
+    }
+    /* The format promises that a crash never leaks space */
+    g_assert_cmpuint(cs.leaky_images, ==, 0);
+    wl_free(&w);
+}
+
+/* A crash while the image is being created: it either does not open, or
+ * opens empty and clean */
+static void test_create(void)
+{
+    ExtreeBackend *be = extree_mem_backend_new();
+    uint64_t opened = 0, refused = 0;
+    char *err = NULL;
+    size_t len;
+
+    extree_mem_backend_start_recording(be);
+    g_assert_cmpint(extree_create(be, &create_params, &err), ==, 0);
+    extree_mem_backend_stop_recording(be);
+    len = extree_mem_backend_log_length(be);
+    for (size_t p = 0; p <= len; p++) {
+        for (int mode = EXTREE_CRASH_KEEP; mode <= EXTREE_CRASH_GARBAGE;
+             mode++) {
+            ExtreeBackend *img = extree_mem_backend_crash_image(be, p, mode,
+                                                                p);
+            ExtreeOpenOptions o = { 0 };
+            ExtreeCheckResult res;
+            Model empty;
+            Extree *t;
+            char *diff;
+
+            err = NULL;
+            if (extree_open(img, &o, &t, &err) < 0) {
+                g_free(err);
+                refused++;
+                extree_mem_backend_free(img);
+                continue;
+            }
+            model_init(&empty, VSIZE, BS);
+            diff = model_compare_walk(&empty, t, EXTREE_COALESCE_HOST, NULL);
+            g_assert_null(diff);
+            g_assert_cmpint(extree_check(t, false, &res, report_line, NULL),
+                            ==, 0);
+            g_assert_cmpuint(res.corruptions, ==, 0);
+            g_assert_cmpuint(res.leaks, ==, 0);
+            model_destroy(&empty);
+            extree_close(t);
+            extree_mem_backend_free(img);
+            opened++;
+        }
+    }
+    /* The complete log opens in every mode */
+    g_assert_cmpuint(opened, >=, 4);
+    g_test_message("create: %zu log entries, %" PRIu64 " images opened, %"
+                   PRIu64 " refused", len, opened, refused);
+    extree_mem_backend_free(be);
+}
+
+/* ---- failed I/O during commit ---- */
+
+/* An image with a committed state S0 plus an open handle with uncommitted
+ * changes on top, applied identically every time */
+static Extree *fault_setup(ExtreeBackend *be, Model *s0, Model *s1)
+{
+    ExtreeOpenOptions o = { 0 };
+    Extree *t;
+    char *err = NULL;
+    uint64_t rng = 42;
+
+    g_assert_cmpint(extree_create(be, &create_params, &err), ==, 0);
+    g_assert_cmpint(extree_open(be, &o, &t, &err), ==, 0);
+    for (int round = 0; round < 2; round++) {
+        Model *m = round ? s1 : s0;
+        for (int i = 0; i < 200; i++) {
+            uint64_t blk = model_rand_below(&rng, VSIZE / BS - 4);
+            uint64_t host, got;
+
+            if (i % 5 == 4) {
+                g_assert_cmpint(extree_punch(t, blk * BS, 2 * BS), ==, 0);
+                model_set(m, blk, 2, EXTREE_RUN_UNALLOC, 0, 0);
+                continue;
+            }
+            g_assert_cmpint(extree_alloc_data(t, blk * BS, BS, &host, &got),
+                            ==, 0);
+            g_assert_cmpint(extree_map_data(t, blk * BS, got, host), ==, 0);
+            model_set(m, blk, 1, EXTREE_RUN_DATA, host, 0);
+        }
+        if (round == 0) {
+            g_assert_cmpint(extree_commit(t), ==, 0);
+            model_copy(s1, s0);
+        }
+    }
+    return t;
+}
+
+static void expect_state(ExtreeBackend *be, const Model *m, uint64_t gen,
+                         const char *what, unsigned nth)
+{
+    ExtreeOpenOptions o = { 0 };
+    ExtreeCheckResult res;
+    Extree *t;
+    char *err = NULL, *diff;
+
+    if (extree_open(be, &o, &t, &err) < 0) {
+        g_error("%s %u: reopen failed: %s", what, nth, err);
+    }
+    g_assert_cmpuint(extree_generation(t), ==, gen);
+    diff = model_compare_walk(m, t, EXTREE_COALESCE_HOST, NULL);
+    if (diff) {
+        g_error("%s %u: %s", what, nth, diff);
+    }
+    g_assert_cmpint(extree_check(t, false, &res, report_line, NULL), ==, 0);
+    g_assert_cmpuint(res.corruptions, ==, 0);
+    g_assert_cmpuint(res.leaks, ==, 0);
+    extree_close(t);
+}
+
+static void test_faults(void)
+{
+    ExtreeBackend *be = extree_mem_backend_new();
+    ExtreeMemStats st;
+    Model s0, s1;
+    Extree *t;
+    uint64_t gen0;
+    unsigned nwrites, nflushes, retried = 0;
+
+    model_init(&s0, VSIZE, BS);
+    model_init(&s1, VSIZE, BS);
+    t = fault_setup(be, &s0, &s1);
+    gen0 = extree_generation(t);
+    /* How many writes and flushes the commit takes */
+    extree_mem_backend_reset_stats(be);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_mem_backend_stats(be, &st);
+    nwrites = st.writes;
+    nflushes = st.flushes;
+    extree_close(t);
+    extree_mem_backend_free(be);
+    g_assert_cmpuint(nwrites, >=, 2);
+    g_assert_cmpuint(nflushes, >=, 2);
+
+    for (unsigned kind = 0; kind < 2; kind++) {
+        unsigned count = kind ? nflushes : nwrites;
+        const char *what = kind ? "failed flush" : "failed write";
+
+        for (unsigned nth = 0; nth < count; nth++) {
+            Model m0, m1;
+            ExtreeBackend *img;
+            int ret;
+
+            be = extree_mem_backend_new();
+            model_init(&m0, VSIZE, BS);
+            model_init(&m1, VSIZE, BS);
+            t = fault_setup(be, &m0, &m1);
+            g_assert_true(model_equal(&m0, &s0) && model_equal(&m1, &s1));
+            extree_mem_backend_start_recording(be);
+            extree_mem_backend_inject_fault(be, kind ? EXTREE_FAULT_FLUSH
+                                                     : EXTREE_FAULT_WRITE,
+                                            nth, false);
+            ret = extree_commit(t);
+            if (ret != -EIO) {
+                g_error("%s %u of %u: commit returned %d", what, nth, count,
+                        ret);
+            }
+            g_assert_cmpuint(extree_mem_backend_faults(be), ==, 1);
+
+            /* A crash now loses whatever was not flushed: the old state */
+            img = extree_mem_backend_crash_image(be,
+                    extree_mem_backend_log_length(be), EXTREE_CRASH_DROP, 0);
+            expect_state(img, &s0, gen0, what, nth);
+            extree_mem_backend_free(img);
+
+            /* Retrying once the device works again either fails or
+             * commits the changes */
+            ret = extree_commit(t);
+            extree_close(t);
+            if (ret == 0) {
+                expect_state(be, &s1, gen0 + 1, what, nth);
+                retried++;
+            } else if (kind == 1 && nth == count - 1) {
+                /* The superblock write went through, only the flush after
+                 * it failed: the device holds the new state */
+                expect_state(be, &s1, gen0 + 1, what, nth);
+            } else {
+                expect_state(be, &s0, gen0, what, nth);
+            }
+            model_destroy(&m0);
+            model_destroy(&m1);
+            extree_mem_backend_free(be);
+        }
+    }
+    g_test_message("commit: %u writes, %u flushes; each failure tested, %u"
+                   " retried commits succeeded", nwrites, nflushes, retried);
+    model_destroy(&s0);
+    model_destroy(&s1);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/crash/create", test_create);
+    g_test_add_func("/crash/enumerate", test_enumerate);
+    g_test_add_func("/crash/faults", test_faults);
+    return g_test_run();
+}

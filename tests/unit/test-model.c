@@ -1,0 +1,634 @@
+/*
+ * Model-based randomized test of the extree core
+ *
+ * Random inserts (allocate + map), overwrites, punches, zeroes, returned
+ * allocations, commits and close/reopen (with or without a commit) are
+ * applied both to an extree on the memory backend and to a per-block
+ * reference model.  After every operation the runs around it, a random
+ * probe and the extent count are compared; every few thousand operations
+ * the whole image is walked in both coalescing modes; after every reopen
+ * and at the end the checker must find nothing.
+ *
+ * The seed is printed; EXTREE_SEED=<n> replays a run, EXTREE_MODEL_SCALE=<f>
+ * multiplies the number of operations.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <glib.h>
+
+#include "extree.h"
+#include "extree-backend.h"
+#include "model.h"
+
+typedef struct Variant {
+    const char *name;
+    uint64_t virtual_size;
+    uint32_t block_size, node_size;
+    uint64_t cache_size, dirty_limit;   /* 0 = default */
+    uint64_t ops;
+    uint32_t max_len;           /* blocks per operation, long tail */
+    uint32_t short_len;         /* blocks per operation, usual case */
+    unsigned commit_one_in;     /* explicit commit probability 1/n */
+    unsigned reopen_one_in;
+    bool drop_uncommitted;      /* half the reopens skip the commit */
+    unsigned walk_every;
+} Variant;
+
+#define TRACE_LEN 32
+
+/* Host blocks: in use by the current mapping / by the committed one */
+#define HOST_CUR        1
+#define HOST_COMMITTED  2
+
+typedef struct Run {
+    const Variant *v;
+    uint64_t seed, rng;
+    ExtreeBackend *be;
+    Extree *t;
+    ExtreeOpenOptions opts;
+    ExtreeCursor cur;
+    uint64_t bs;
+
+    Model model;
+    Model committed;            /* state the last commit made durable */
+
+    uint64_t gen;               /* generation of the last commit */
+    uint64_t extents;           /* model_extent_count(), incrementally */
+    uint8_t *hostmap;           /* HOST_* per host block */
+    uint64_t hostmap_len;
+    uint64_t data_start;
+    uint64_t seq_next;          /* block after the last insert */
+
+    uint64_t opno;
+    char trace[TRACE_LEN][112];
+
+    struct {
+        uint64_t inserts, overwrites, seq, frees, punches, zeroes;
+        uint64_t commits, forced, reopens, dropped, walks, checks;
+        uint64_t max_extents;
+        unsigned max_depth;
+    } n;
+} Run;
+
+static void G_GNUC_PRINTF(2, 3) G_GNUC_NORETURN
+fail(Run *r, const char *fmt, ...)
+{
+    va_list ap;
+    char *msg;
+
+    va_start(ap, fmt);
+    msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "FAIL variant %s seed %" PRIu64 " op %" PRIu64 ": %s\n",
+            r->v->name, r->seed, r->opno, msg);
+    fprintf(stderr, "last operations (oldest first):\n");
+    for (uint64_t i = r->opno >= TRACE_LEN ? r->opno - TRACE_LEN + 1 : 0;
+         i <= r->opno; i++) {
+        fprintf(stderr, "  %s\n", r->trace[i % TRACE_LEN]);
+    }
+    fprintf(stderr, "replay: EXTREE_SEED=%" PRIu64 " -p /model/%s\n",
+            r->seed, r->v->name);
+    g_test_message("FAIL variant %s seed %" PRIu64 " op %" PRIu64 ": %s",
+                   r->v->name, r->seed, r->opno, msg);
+    g_free(msg);
+    g_assert_not_reached();
+}
+
+static void G_GNUC_PRINTF(2, 3) trace(Run *r, const char *fmt, ...)
+{
+    char *s = r->trace[r->opno % TRACE_LEN];
+    int len = snprintf(s, sizeof(r->trace[0]), "%" PRIu64 ": ", r->opno);
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(s + len, sizeof(r->trace[0]) - len, fmt, ap);
+    va_end(ap);
+}
+
+static void check_ret(Run *r, int ret, const char *what)
+{
+    if (ret < 0) {
+        fail(r, "%s: %s (last error: %s)", what, g_strerror(-ret),
+             r->t ? extree_last_error(r->t) : "-");
+    }
+}
+
+/* ---- host space bookkeeping ---- */
+
+static uint8_t *host_slot(Run *r, uint64_t host)
+{
+    uint64_t i = host / r->bs;
+
+    if (i >= r->hostmap_len) {
+        uint64_t len = MAX(i + 1, r->hostmap_len * 2);
+        r->hostmap = g_realloc(r->hostmap, len);
+        memset(r->hostmap + r->hostmap_len, 0, len - r->hostmap_len);
+        r->hostmap_len = len;
+    }
+    return &r->hostmap[i];
+}
+
+/* The durable state is now the current one */
+static void host_commit(Run *r)
+{
+    for (uint64_t i = 0; i < r->hostmap_len; i++) {
+        r->hostmap[i] = (r->hostmap[i] & HOST_CUR) ? HOST_CUR | HOST_COMMITTED
+                                                   : 0;
+    }
+}
+
+/* Rebuild from the model after a reopen: current = committed = model */
+static void host_rebuild(Run *r)
+{
+    memset(r->hostmap, 0, r->hostmap_len);
+    for (uint64_t i = 0; i < r->model.nblocks; i++) {
+        if (r->model.b[i].type == EXTREE_RUN_DATA) {
+            *host_slot(r, r->model.b[i].host) = HOST_CUR | HOST_COMMITTED;
+        }
+    }
+}
+
+/* An allocation must be aligned, inside the data area, and touch neither
+ * live data nor data the last commit still references */
+static void check_alloc(Run *r, uint64_t bytes, uint64_t host, uint64_t got)
+{
+    if (got == 0 || got > bytes || got % r->bs || host % r->bs ||
+        host < r->data_start) {
+        fail(r, "alloc of 0x%" PRIx64 " gave host 0x%" PRIx64 " got 0x%"
+             PRIx64 " (data start 0x%" PRIx64 ")", bytes, host, got,
+             r->data_start);
+    }
+    for (uint64_t h = host; h < host + got; h += r->bs) {
+        uint8_t s = *host_slot(r, h);
+        if (s) {
+            fail(r, "alloc gave host 0x%" PRIx64 ", which is used by the %s"
+                 " mapping", h, (s & HOST_CUR) ? "current" : "committed");
+        }
+    }
+}
+
+/* Items of the model that start in blocks [blk, end) */
+static uint64_t starts_in(const Model *m, uint64_t blk, uint64_t end)
+{
+    uint64_t count = 0;
+
+    end = MIN(end, m->nblocks);
+    for (uint64_t i = blk; i < end; i++) {
+        const ModelBlock *b = &m->b[i], *p = i ? &m->b[i - 1] : NULL;
+        if (b->type == EXTREE_RUN_UNALLOC) {
+            continue;
+        }
+        if (!p || p->type != b->type ||
+            (b->type == EXTREE_RUN_DATA && b->host != p->host + m->block_size)) {
+            count++;
+        }
+    }
+    return count;
+}
+
+/* Apply to model and host map */
+static void model_apply(Run *r, uint64_t blk, uint64_t n, ExtreeRunType type,
+                        uint64_t host)
+{
+    for (uint64_t i = blk; i < blk + n; i++) {
+        if (r->model.b[i].type == EXTREE_RUN_DATA) {
+            *host_slot(r, r->model.b[i].host) &= ~HOST_CUR;
+        }
+    }
+    model_set(&r->model, blk, n, type, host, 0);
+    if (type == EXTREE_RUN_DATA) {
+        for (uint64_t i = 0; i < n; i++) {
+            *host_slot(r, host + i * r->bs) |= HOST_CUR;
+        }
+    }
+}
+
+/* ---- checks ---- */
+
+static void check_range(Run *r, uint64_t guest, uint64_t bytes, int coalesce)
+{
+    char *diff = model_compare_range(&r->model, &r->cur, guest, bytes,
+                                     coalesce);
+    if (diff) {
+        fail(r, "%s", diff);
+    }
+}
+
+static void check_walk(Run *r)
+{
+    for (int coalesce = 0; coalesce < 2; coalesce++) {
+        ExtreeStats before, after;
+        uint64_t runs;
+        char *diff;
+
+        extree_stats(r->t, &before);
+        diff = model_compare_walk(&r->model, r->t, coalesce, &runs);
+        extree_stats(r->t, &after);
+        if (diff) {
+            fail(r, "full walk: %s", diff);
+        }
+        /* One search from the root, then leaf to leaf */
+        if (after.descents - before.descents != 1) {
+            fail(r, "full walk (coalesce %d, %" PRIu64 " runs, %" PRIu64
+                 " extents, depth %u) took %" PRIu64 " descents", coalesce,
+                 runs, r->extents, extree_depth(r->t),
+                 after.descents - before.descents);
+        }
+    }
+    if (extree_extent_count(r->t) != model_extent_count(&r->model)) {
+        fail(r, "extent count %" PRIu64 ", model %" PRIu64,
+             extree_extent_count(r->t), model_extent_count(&r->model));
+    }
+    r->n.walks++;
+    r->n.max_depth = MAX(r->n.max_depth, extree_depth(r->t));
+}
+
+static void check_report(void *opaque, const char *msg)
+{
+    Run *r = opaque;
+
+    fprintf(stderr, "check (variant %s seed %" PRIu64 " op %" PRIu64 "): %s\n",
+            r->v->name, r->seed, r->opno, msg);
+}
+
+static void check_tree(Run *r)
+{
+    ExtreeCheckResult res;
+    int ret = extree_check(r->t, false, &res, check_report, r);
+
+    check_ret(r, ret, "extree_check");
+    if (res.corruptions || res.leaks) {
+        fail(r, "checker: %" PRIu64 " corruptions, %" PRIu64 " leaks (%"
+             PRIu64 " bytes)", res.corruptions, res.leaks, res.leaked_bytes);
+    }
+    if (res.extents != r->extents ||
+        res.data_bytes != model_data_blocks(&r->model) * r->bs) {
+        fail(r, "checker: %" PRIu64 " extents, %" PRIu64 " data bytes; model %"
+             PRIu64 ", %" PRIu64, res.extents, res.data_bytes, r->extents,
+             model_data_blocks(&r->model) * r->bs);
+    }
+    if (res.free_bytes != extree_free_bytes(r->t)) {
+        fail(r, "checker: %" PRIu64 " free bytes, tree says %" PRIu64,
+             res.free_bytes, extree_free_bytes(r->t));
+    }
+    r->n.checks++;
+}
+
+/* ---- operations ---- */
+
+/*
+ * An update call may end with a commit forced by the dirty limit: then the
+ * state after the call is durable.  Call after every update call.
+ */
+static void after_update(Run *r, uint64_t gen_before)
+{
+    if (extree_generation(r->t) == gen_before) {
+        return;
+    }
+    if (extree_generation(r->t) != gen_before + 1 || extree_is_dirty(r->t)) {
+        fail(r, "generation went from %" PRIu64 " to %" PRIu64 " (%s) in "
+             "one update", gen_before, extree_generation(r->t),
+             extree_is_dirty(r->t) ? "dirty" : "clean");
+    }
+    r->gen = extree_generation(r->t);
+    model_copy(&r->committed, &r->model);
+    host_commit(r);
+    r->n.forced++;
+}
+
+/* extree_alloc_data plus the checks of its result */
+static void alloc(Run *r, uint64_t guest, uint64_t bytes, uint64_t *host,
+                  uint64_t *got)
+{
+    uint64_t gen = extree_generation(r->t);
+
+    check_ret(r, extree_alloc_data(r->t, guest, bytes, host, got),
+              "extree_alloc_data");
+    after_update(r, gen);
+    check_alloc(r, bytes, *host, *got);
+}
+
+static void do_insert(Run *r, uint64_t blk, uint64_t n)
+{
+    uint64_t guest = blk * r->bs, left = n * r->bs;
+
+    for (uint64_t i = blk; i < blk + n; i++) {
+        if (r->model.b[i].type == EXTREE_RUN_DATA) {
+            r->n.overwrites++;
+            break;
+        }
+    }
+    while (left > 0) {
+        uint64_t host, got, gen;
+
+        alloc(r, guest, left, &host, &got);
+        gen = extree_generation(r->t);
+        check_ret(r, extree_map_data(r->t, guest, got, host),
+                  "extree_map_data");
+        model_apply(r, guest / r->bs, got / r->bs, EXTREE_RUN_DATA, host);
+        after_update(r, gen);
+        guest += got;
+        left -= got;
+    }
+    r->seq_next = blk + n;
+    r->n.inserts++;
+}
+
+/* Allocate and give back without mapping */
+static void do_free(Run *r, uint64_t blk, uint64_t n)
+{
+    uint64_t host, got, gen;
+
+    alloc(r, blk * r->bs, n * r->bs, &host, &got);
+    gen = extree_generation(r->t);
+    check_ret(r, extree_free_data(r->t, host, got), "extree_free_data");
+    after_update(r, gen);
+    r->n.frees++;
+}
+
+static void do_commit(Run *r)
+{
+    bool dirty = extree_is_dirty(r->t);
+
+    check_ret(r, extree_commit(r->t), "extree_commit");
+    if (extree_is_dirty(r->t)) {
+        fail(r, "dirty after commit");
+    }
+    if (extree_generation(r->t) != r->gen + dirty) {
+        fail(r, "generation %" PRIu64 " after commit, expected %" PRIu64,
+             extree_generation(r->t), r->gen + dirty);
+    }
+    r->gen = extree_generation(r->t);
+    model_copy(&r->committed, &r->model);
+    host_commit(r);
+    r->n.commits++;
+}
+
+static void do_open(Run *r)
+{
+    char *err = NULL;
+    int ret = extree_open(r->be, &r->opts, &r->t, &err);
+
+    if (ret < 0) {
+        fail(r, "extree_open: %s: %s", g_strerror(-ret), err ? err : "");
+    }
+    extree_cursor_init(&r->cur, r->t);
+}
+
+static void do_reopen(Run *r, bool commit)
+{
+    char *diff;
+
+    if (commit) {
+        do_commit(r);
+    }
+    extree_cursor_release(&r->cur);
+    extree_close(r->t);
+    r->t = NULL;
+    do_open(r);
+
+    if (extree_generation(r->t) != r->gen) {
+        fail(r, "reopened generation %" PRIu64 ", committed %" PRIu64,
+             extree_generation(r->t), r->gen);
+    }
+    if (extree_virtual_size(r->t) != r->v->virtual_size ||
+        extree_block_size(r->t) != r->bs ||
+        extree_data_start(r->t) != r->data_start) {
+        fail(r, "reopened geometry differs");
+    }
+    diff = model_compare_walk(&r->committed, r->t, EXTREE_COALESCE_HOST,
+                              NULL);
+    if (diff) {
+        fail(r, "reopen (%s) does not show the committed state: %s",
+             commit ? "after commit" : "uncommitted changes dropped", diff);
+    }
+    if (!commit) {
+        r->n.dropped++;
+    }
+    model_copy(&r->model, &r->committed);
+    host_rebuild(r);
+    r->extents = model_extent_count(&r->model);
+    check_walk(r);
+    check_tree(r);
+    r->n.reopens++;
+}
+
+/* Random block-aligned range of 1..short_len (sometimes 1..max_len) blocks */
+static void pick_range(Run *r, uint64_t *blk, uint64_t *n)
+{
+    uint64_t max = model_rand_below(&r->rng, 8) == 0 ? r->v->max_len
+                                                   : r->v->short_len;
+
+    *n = 1 + model_rand_below(&r->rng, max);
+    *n = MIN(*n, r->model.nblocks);
+    *blk = model_rand_below(&r->rng, r->model.nblocks - *n + 1);
+}
+
+static void one_op(Run *r)
+{
+    uint64_t blk, n, probe, max;
+    uint64_t before_starts, gen;
+    unsigned dice = model_rand_below(&r->rng, 100);
+    bool seq;
+
+    if (model_rand_below(&r->rng, r->v->reopen_one_in) == 0) {
+        bool commit = !r->v->drop_uncommitted ||
+                      model_rand_below(&r->rng, 2) == 0;
+        trace(r, "reopen%s", commit ? " after commit" : " dropping changes");
+        do_reopen(r, commit);
+        return;
+    }
+    if (model_rand_below(&r->rng, r->v->commit_one_in) == 0) {
+        trace(r, "commit");
+        do_commit(r);
+        return;
+    }
+
+    pick_range(r, &blk, &n);
+    seq = dice < 10 && r->seq_next < r->model.nblocks;
+    if (seq) {
+        /* Sequential write after the previous insert: must extend it */
+        blk = r->seq_next;
+        n = MIN(n, r->model.nblocks - blk);
+    }
+    before_starts = starts_in(&r->model, blk, blk + n + 1);
+
+    if (seq) {
+        trace(r, "seq insert blk %" PRIu64 " n %" PRIu64, blk, n);
+        do_insert(r, blk, n);
+        r->n.seq++;
+    } else if (dice < 55) {
+        trace(r, "insert blk %" PRIu64 " n %" PRIu64, blk, n);
+        do_insert(r, blk, n);
+    } else if (dice < 58) {
+        trace(r, "alloc+free blk %" PRIu64 " n %" PRIu64, blk, n);
+        do_free(r, blk, n);
+    } else if (dice < 79) {
+        trace(r, "punch blk %" PRIu64 " n %" PRIu64, blk, n);
+        gen = extree_generation(r->t);
+        check_ret(r, extree_punch(r->t, blk * r->bs, n * r->bs),
+                  "extree_punch");
+        model_apply(r, blk, n, EXTREE_RUN_UNALLOC, 0);
+        after_update(r, gen);
+        r->n.punches++;
+    } else {
+        trace(r, "zero blk %" PRIu64 " n %" PRIu64, blk, n);
+        gen = extree_generation(r->t);
+        check_ret(r, extree_set_zero(r->t, blk * r->bs, n * r->bs),
+                  "extree_set_zero");
+        model_apply(r, blk, n, EXTREE_RUN_ZERO, 0);
+        after_update(r, gen);
+        r->n.zeroes++;
+    }
+
+    /* The item count changes only around the operation */
+    r->extents += starts_in(&r->model, blk, blk + n + 1);
+    r->extents -= before_starts;
+    if (extree_extent_count(r->t) != r->extents) {
+        fail(r, "extent count %" PRIu64 ", model %" PRIu64,
+             extree_extent_count(r->t), r->extents);
+    }
+    r->n.max_extents = MAX(r->n.max_extents, r->extents);
+
+    /* The runs around the operation, then a random probe at a 512-byte
+     * aligned offset with a random limit (the cursor goes back and forth) */
+    check_range(r, blk ? (blk - 1) * r->bs : 0, (n + 2) * r->bs,
+                r->opno & 1);
+    probe = model_rand_below(&r->rng, r->v->virtual_size / 512) * 512;
+    max = (1 + model_rand_below(&r->rng, 64 * r->bs / 512)) * 512;
+    check_range(r, probe, MIN(max, r->v->virtual_size - probe),
+                (r->opno >> 1) & 1);
+}
+
+static void run_variant(gconstpointer opaque)
+{
+    const Variant *v = opaque;
+    ExtreeCreateParams cp = {
+        .virtual_size = v->virtual_size,
+        .block_size = v->block_size,
+        .node_size = v->node_size,
+    };
+    const char *scale_env = getenv("EXTREE_MODEL_SCALE");
+    double scale = scale_env ? g_ascii_strtod(scale_env, NULL) : 1.0;
+    uint64_t ops = v->ops * scale;
+    Run *r = g_new0(Run, 1);
+    char *err = NULL;
+    gint64 t0 = g_get_monotonic_time();
+    int ret;
+
+    r->v = v;
+    r->seed = r->rng = model_seed();
+    g_test_message("variant %s: seed %" PRIu64 " (EXTREE_SEED=%" PRIu64
+                   " to replay), %" PRIu64 " operations", v->name, r->seed,
+                   r->seed, ops);
+    r->bs = v->block_size;
+    r->opts.cache_size = v->cache_size;
+    r->opts.dirty_limit = v->dirty_limit;
+    model_init(&r->model, v->virtual_size, v->block_size);
+    model_init(&r->committed, v->virtual_size, v->block_size);
+    r->hostmap_len = 1024;
+    r->hostmap = g_malloc0(r->hostmap_len);
+
+    r->be = extree_mem_backend_new();
+    ret = extree_create(r->be, &cp, &err);
+    if (ret < 0) {
+        fail(r, "extree_create: %s: %s", g_strerror(-ret), err ? err : "");
+    }
+    trace(r, "create");
+    do_open(r);
+    r->gen = extree_generation(r->t);
+    r->data_start = extree_data_start(r->t);
+    check_walk(r);
+    check_tree(r);
+
+    for (r->opno = 1; r->opno <= ops; r->opno++) {
+        one_op(r);
+        if (r->opno % v->walk_every == 0) {
+            check_walk(r);
+        }
+    }
+    r->opno++;
+    trace(r, "final commit and reopen");
+    do_reopen(r, true);
+
+    g_test_message("variant %s: %" PRIu64 " inserts (%" PRIu64 " overwriting, %"
+                   PRIu64 " sequential), %" PRIu64 " alloc+free, %" PRIu64
+                   " punches, %" PRIu64 " zeroes", v->name, r->n.inserts,
+                   r->n.overwrites, r->n.seq, r->n.frees, r->n.punches,
+                   r->n.zeroes);
+    g_test_message("variant %s: %" PRIu64 " commits, %" PRIu64 " forced, %"
+                   PRIu64 " reopens (%" PRIu64 " dropping changes), %" PRIu64
+                   " full walks, %" PRIu64 " checks", v->name, r->n.commits,
+                   r->n.forced, r->n.reopens, r->n.dropped, r->n.walks,
+                   r->n.checks);
+    g_test_message("variant %s: up to %" PRIu64 " extents, depth up to %u, "
+                   "%" PRIu64 " at the end; %.2f s", v->name,
+                   r->n.max_extents, r->n.max_depth, r->extents,
+                   (g_get_monotonic_time() - t0) / 1e6);
+
+    extree_cursor_release(&r->cur);
+    extree_close(r->t);
+    extree_mem_backend_free(r->be);
+    model_destroy(&r->model);
+    model_destroy(&r->committed);
+    g_free(r->hostmap);
+    g_free(r);
+}
+
+static const Variant variants[] = {
+    {
+        /* The default geometry over 64 MiB: 16384 guest blocks */
+        .name = "4k-16k",
+        .virtual_size = 64 << 20,
+        .block_size = 4096, .node_size = 16384,
+        .ops = 450000, .max_len = 256, .short_len = 8,
+        .commit_one_in = 400, .reopen_one_in = 4000,
+        .drop_uncommitted = true,
+        .walk_every = 2000,
+    },
+    {
+        /* Small blocks and nodes, short operations and a small cache:
+         * many items, a deep tree, constant eviction */
+        .name = "512-4k-deep",
+        .virtual_size = 32 << 20,
+        .block_size = 512, .node_size = 4096,
+        .cache_size = 256 << 10,
+        .ops = 350000, .max_len = 64, .short_len = 2,
+        .commit_one_in = 1000, .reopen_one_in = 10000,
+        .drop_uncommitted = true,
+        .walk_every = 5000,
+    },
+    {
+        /* A virtual size that ends inside a block, and a dirty limit so
+         * small that most operations force a commit */
+        .name = "4k-4k-forced",
+        .virtual_size = (16 << 20) + 1536,
+        .block_size = 4096, .node_size = 4096,
+        .dirty_limit = 64 << 10,
+        .ops = 200000, .max_len = 128, .short_len = 6,
+        .commit_one_in = 2000, .reopen_one_in = 1000,
+        .drop_uncommitted = true,
+        .walk_every = 1000,
+    },
+};
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    for (size_t i = 0; i < G_N_ELEMENTS(variants); i++) {
+        char *path = g_strdup_printf("/model/%s", variants[i].name);
+        g_test_add_data_func(path, &variants[i], run_variant);
+        g_free(path);
+    }
+    return g_test_run();
+}
