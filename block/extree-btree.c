@@ -1,0 +1,1080 @@
+/*
+ * extree core: copy-on-write B+tree of extents (and of free space)
+ *
+ * btrfs vocabulary: a path is nodes[level] + slots[level], every node on it
+ * pinned; bt_search descends from the root (CoW-ing each node on the way
+ * when asked to), next_leaf climbs the path to the first ancestor with a
+ * next slot and descends its leftmost children, re-using the path.
+ *
+ * Invariants (checked by extree_node_validate when a node is read):
+ *   - leaf items sorted by key, non-overlapping; interior keys strictly
+ *     increasing; an interior key equals the first key of its child;
+ *   - only the root leaf may be empty; an interior root has >= 2 children;
+ *   - a node carrying the running transaction's generation was created in
+ *     it and may be changed in place; any other node is copied first (CoW:
+ *     new location, old location freed - pending until commit).
+ * Every change bumps t->seq so that cursors notice.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "extree-int.h"
+
+void extree_path_release(Extree *t, ExtreePath *p)
+{
+    for (int l = 0; l < EXTREE_MAX_LEVELS; l++) {
+        if (p->nodes[l]) {
+            extree_node_unref(t, p->nodes[l]);
+            p->nodes[l] = NULL;
+        }
+    }
+}
+
+void extree_tree_expect(Extree *t, ExtreeTree *tree, ExtreeNodeExpect *e)
+{
+    e->owner = tree->owner;
+    e->level = tree->level;
+    e->generation = tree->root_gen;
+    e->has_first_key = false;
+    e->first_key = 0;
+    e->key_end = UINT64_MAX;
+}
+
+/* Exclusive key bound of the node at @level of the path */
+static uint64_t path_node_end(ExtreeTree *tree, ExtreePath *p, int level)
+{
+    for (level++; level <= (int)tree->level; level++) {
+        ExtreeNode *parent = p->nodes[level];
+        int s = p->slots[level];
+        if (s + 1 < (int)node_nritems(parent)) {
+            return ptr_key(parent, s + 1);
+        }
+    }
+    return UINT64_MAX;
+}
+
+/* Pinned child @slot of @parent (whose own key bound is @parent_end) */
+static int get_child(Extree *t, ExtreeTree *tree, ExtreeNode *parent,
+                     int slot, uint64_t parent_end, ExtreeNode **out)
+{
+    ExtreeNodeExpect e;
+    ExtreeKeyPtr kp;
+
+    ptr_get(parent, slot, &kp);
+    e.owner = tree->owner;
+    e.level = node_level(parent) - 1;
+    e.generation = kp.child_gen;
+    e.has_first_key = true;
+    e.first_key = kp.key;
+    e.key_end = slot + 1 < (int)node_nritems(parent) ?
+                ptr_key(parent, slot + 1) : parent_end;
+    return extree_node_get(t, kp.child, &e, out);
+}
+
+/* First leaf slot with key >= @key (binary search) */
+static int leaf_lower_bound(const ExtreeNode *n, uint64_t key)
+{
+    int lo = 0, hi = node_nritems(n);
+
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (leaf_key(n, mid) < key) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+/* Last interior slot with key <= @key, 0 if none */
+static int ptr_slot(const ExtreeNode *n, uint64_t key)
+{
+    int lo = 0, hi = node_nritems(n);
+
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (ptr_key(n, mid) <= key) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo ? lo - 1 : 0;
+}
+
+/*
+ * Make the node at @level of the path writable in this transaction: copy
+ * it to a newly allocated location, point the parent (already writable,
+ * we go top-down) or the root at the copy, free the old location.
+ */
+static int cow_node(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
+{
+    ExtreeNode *n = p->nodes[level], *c;
+    uint64_t bytenr;
+    int ret;
+
+    if (node_gen(n) == t->trans_gen) {
+        return 0;
+    }
+    if (t->read_only) {
+        return -EROFS;
+    }
+    ret = extree_alloc_meta(t, &bytenr);
+    if (ret < 0) {
+        return ret;
+    }
+    c = extree_node_new(t, bytenr, tree->owner, level);
+    memcpy(c->buf + EXTREE_NODE_HEADER_SIZE, n->buf + EXTREE_NODE_HEADER_SIZE,
+           t->node_size - EXTREE_NODE_HEADER_SIZE);
+    node_set_nritems(c, node_nritems(n));
+    if (level == (int)tree->level) {
+        tree->root = bytenr;
+        tree->root_gen = t->trans_gen;
+    } else {
+        uint8_t *ip = node_item(p->nodes[level + 1], p->slots[level + 1],
+                                EXT_PTR_ISZ);
+        ext_st64(ip + 8, bytenr);
+        ext_st64(ip + 16, t->trans_gen);
+    }
+    ret = extree_free_space(t, n->bytenr, t->node_size);
+    extree_node_drop(t, n);
+    extree_node_unref(t, n);
+    p->nodes[level] = c;
+    t->stats.cows++;
+    return ret;
+}
+
+/*
+ * Descend to the leaf for @dkey; slots[0] = first item with key >= @key.
+ * (@dkey = @key - 1 lands on the leaf holding the last item < @key.)
+ * With @cow every node on the path is made writable.  O(depth log cap).
+ */
+static int bt_search(Extree *t, ExtreeTree *tree, uint64_t dkey, uint64_t key,
+                     ExtreePath *p, bool cow)
+{
+    ExtreeNodeExpect e;
+    ExtreeNode *n;
+    uint64_t end = UINT64_MAX;
+    int ret;
+
+    extree_path_release(t, p);
+    t->stats.descents++;
+    extree_tree_expect(t, tree, &e);
+    ret = extree_node_get(t, tree->root, &e, &n);
+    if (ret < 0) {
+        return ret;
+    }
+    for (int level = tree->level; ; level--) {
+        int slot;
+
+        p->nodes[level] = n;
+        if (cow) {
+            ret = cow_node(t, tree, p, level);
+            if (ret < 0) {
+                goto fail;
+            }
+            n = p->nodes[level];
+        }
+        if (level == 0) {
+            p->slots[0] = leaf_lower_bound(n, key);
+            return 0;
+        }
+        slot = ptr_slot(n, dkey);
+        p->slots[level] = slot;
+        ret = get_child(t, tree, n, slot, end, &n);
+        if (ret < 0) {
+            goto fail;
+        }
+        if (slot + 1 < (int)node_nritems(p->nodes[level])) {
+            end = ptr_key(p->nodes[level], slot + 1);
+        }
+    }
+fail:
+    extree_path_release(t, p);
+    return ret;
+}
+
+/*
+ * Move the path to slot 0 of the next leaf without a root descent.
+ * 0: moved, 1: no next leaf, <0: error.  Read-only.
+ */
+int extree_bt_next_leaf(Extree *t, ExtreeTree *tree, ExtreePath *p)
+{
+    int level;
+
+    for (level = 1; level <= (int)tree->level; level++) {
+        if (p->slots[level] + 1 < (int)node_nritems(p->nodes[level])) {
+            break;
+        }
+    }
+    if (level > (int)tree->level) {
+        return 1;
+    }
+    p->slots[level]++;
+    for (; level > 0; level--) {
+        ExtreeNode *c;
+        int ret = get_child(t, tree, p->nodes[level], p->slots[level],
+                            path_node_end(tree, p, level), &c);
+        if (ret < 0) {
+            return ret;
+        }
+        extree_node_unref(t, p->nodes[level - 1]);
+        p->nodes[level - 1] = c;
+        p->slots[level - 1] = 0;
+    }
+    t->stats.next_leaf++;
+    return 0;
+}
+
+/* First item with key >= @key: 0 and *@it, 1 if none, <0 */
+int extree_bt_first(Extree *t, ExtreeTree *tree, uint64_t key,
+                    ExtreePath *p, ExtreeItem *it)
+{
+    int ret = bt_search(t, tree, key, key, p, false);
+
+    if (ret < 0) {
+        return ret;
+    }
+    while (p->slots[0] >= (int)node_nritems(p->nodes[0])) {
+        ret = extree_bt_next_leaf(t, tree, p);
+        if (ret) {
+            return ret;
+        }
+    }
+    leaf_get(p->nodes[0], p->slots[0], it);
+    return 0;
+}
+
+int extree_bt_next(Extree *t, ExtreeTree *tree, ExtreePath *p,
+                   ExtreeItem *it)
+{
+    p->slots[0]++;
+    while (p->slots[0] >= (int)node_nritems(p->nodes[0])) {
+        int ret = extree_bt_next_leaf(t, tree, p);
+        if (ret) {
+            return ret;
+        }
+    }
+    leaf_get(p->nodes[0], p->slots[0], it);
+    return 0;
+}
+
+/*
+ * The last item with key < @key (*@prev) and the first with key >= @key
+ * (*@next).  One descent (plus one leaf step for next).
+ */
+int extree_bt_find(Extree *t, ExtreeTree *tree, uint64_t key,
+                   ExtreeItem *prev, bool *has_prev,
+                   ExtreeItem *next, bool *has_next)
+{
+    ExtreePath p = { { 0 } };
+    int ret = bt_search(t, tree, key ? key - 1 : 0, key, &p, false);
+    int slot;
+
+    *has_prev = *has_next = false;
+    if (ret < 0) {
+        return ret;
+    }
+    slot = p.slots[0];
+    if (slot > 0) {
+        leaf_get(p.nodes[0], slot - 1, prev);
+        *has_prev = true;
+    }
+    if (slot >= (int)node_nritems(p.nodes[0])) {
+        ret = extree_bt_next_leaf(t, tree, &p);
+        slot = 0;
+    }
+    if (ret == 0) {
+        leaf_get(p.nodes[0], slot, next);
+        *has_next = true;
+    }
+    extree_path_release(t, &p);
+    return ret < 0 ? ret : 0;
+}
+
+/* ---- structural changes; the path is stale afterwards ---- */
+
+static int item_size(int level)
+{
+    return level ? EXT_PTR_ISZ : EXT_LEAF_ISZ;
+}
+
+static void raw_insert(ExtreeNode *n, int slot, const uint8_t *item, int isz)
+{
+    int nr = node_nritems(n);
+    memmove(node_item(n, slot + 1, isz), node_item(n, slot, isz),
+            (size_t)(nr - slot) * isz);
+    memcpy(node_item(n, slot, isz), item, isz);
+    node_set_nritems(n, nr + 1);
+}
+
+/* Remove @count items from @slot; unused space stays zero so that node
+ * images (and checksums) are deterministic */
+static void raw_delete(ExtreeNode *n, int slot, int count, int isz)
+{
+    int nr = node_nritems(n);
+    memmove(node_item(n, slot, isz), node_item(n, slot + count, isz),
+            (size_t)(nr - slot - count) * isz);
+    memset(node_item(n, nr - count, isz), 0, (size_t)count * isz);
+    node_set_nritems(n, nr - count);
+}
+
+/* The first key of the node at @level became @key: fix the ancestors */
+static void fixup_keys(ExtreeTree *tree, ExtreePath *p, int level,
+                       uint64_t key)
+{
+    for (int l = level + 1; l <= (int)tree->level; l++) {
+        ext_st64(node_item(p->nodes[l], p->slots[l], EXT_PTR_ISZ), key);
+        if (p->slots[l] != 0) {
+            break;
+        }
+    }
+}
+
+/* A new root above the current one (the path's top node) */
+static int grow_root(Extree *t, ExtreeTree *tree, ExtreePath *p)
+{
+    int level = tree->level;
+    ExtreeNode *old = p->nodes[level], *root;
+    ExtreeKeyPtr kp;
+    uint64_t bytenr;
+    int ret;
+
+    if (level + 1 >= EXTREE_MAX_LEVELS) {
+        return -EFBIG;
+    }
+    ret = extree_alloc_meta(t, &bytenr);
+    if (ret < 0) {
+        return ret;
+    }
+    root = extree_node_new(t, bytenr, tree->owner, level + 1);
+    kp.key = node_key(old, 0);
+    kp.child = old->bytenr;
+    kp.child_gen = node_gen(old);
+    ptr_set(root, 0, &kp);
+    node_set_nritems(root, 1);
+    tree->root = bytenr;
+    tree->root_gen = t->trans_gen;
+    tree->level = level + 1;
+    p->nodes[level + 1] = root;
+    p->slots[level + 1] = 0;
+    return 0;
+}
+
+/*
+ * Insert raw @item at (@level, @slot) of a writable path, splitting full
+ * nodes bottom-up.  A split at the right end (appending) keeps the left node
+ * full and starts the right one with the new item only; at the left end it
+ * keeps all old items together: sequential insertion fills nodes ~100%.
+ */
+static int insert_at(Extree *t, ExtreeTree *tree, ExtreePath *p, int level,
+                     int slot, const uint8_t *item)
+{
+    ExtreeNode *n = p->nodes[level], *right, *dst;
+    int isz = item_size(level);
+    int cap = level ? t->ptr_cap : t->leaf_cap;
+    int nr = node_nritems(n);
+    int mid, dslot, ret;
+    uint8_t raw[EXT_PTR_ISZ];
+    ExtreeKeyPtr kp;
+    uint64_t bytenr;
+
+    t->seq++;
+    if (nr < cap) {
+        raw_insert(n, slot, item, isz);
+        if (slot == 0) {
+            fixup_keys(tree, p, level, ext_ld64(item));
+        }
+        return 0;
+    }
+    if (level == (int)tree->level) {
+        ret = grow_root(t, tree, p);
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    mid = slot == nr ? nr : slot == 0 ? 0 : nr / 2;
+    ret = extree_alloc_meta(t, &bytenr);
+    if (ret < 0) {
+        return ret;
+    }
+    right = extree_node_new(t, bytenr, tree->owner, level);
+    memcpy(node_item(right, 0, isz), node_item(n, mid, isz),
+           (size_t)(nr - mid) * isz);
+    memset(node_item(n, mid, isz), 0, (size_t)(nr - mid) * isz);
+    node_set_nritems(right, nr - mid);
+    node_set_nritems(n, mid);
+    if (slot < mid || mid == 0) {
+        dst = n;
+        dslot = slot;
+    } else {
+        dst = right;
+        dslot = slot - mid;
+    }
+    raw_insert(dst, dslot, item, isz);
+    if (dst == n && dslot == 0) {
+        fixup_keys(tree, p, level, ext_ld64(item));
+    }
+    kp.key = node_key(right, 0);
+    kp.child = right->bytenr;
+    kp.child_gen = t->trans_gen;
+    extree_node_unref(t, right);
+    ext_st64(raw, kp.key);
+    ext_st64(raw + 8, kp.child);
+    ext_st64(raw + 16, kp.child_gen);
+    return insert_at(t, tree, p, level + 1, p->slots[level + 1] + 1, raw);
+}
+
+/* Unlink a node from the tree: its location is freed */
+static int free_node(Extree *t, ExtreeNode *n)
+{
+    int ret = extree_free_space(t, n->bytenr, t->node_size);
+    extree_node_drop(t, n);
+    return ret;
+}
+
+/* The root is interior with one child: the child becomes the root */
+static int collapse_root(Extree *t, ExtreeTree *tree)
+{
+    while (tree->level > 0) {
+        ExtreeNodeExpect e;
+        ExtreeNode *root;
+        ExtreeKeyPtr kp;
+        int ret;
+
+        extree_tree_expect(t, tree, &e);
+        ret = extree_node_get(t, tree->root, &e, &root);
+        if (ret < 0) {
+            return ret;
+        }
+        if (node_nritems(root) != 1) {
+            extree_node_unref(t, root);
+            return 0;
+        }
+        ptr_get(root, 0, &kp);
+        tree->root = kp.child;
+        tree->root_gen = kp.child_gen;
+        tree->level--;
+        ret = free_node(t, root);
+        extree_node_unref(t, root);
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    return 0;
+}
+
+static int delete_at(Extree *t, ExtreeTree *tree, ExtreePath *p, int level,
+                     int slot, int count);
+
+/*
+ * The node at @level is under a quarter full: merge it with a sibling
+ * under the same parent when both fit in 3/4 of a node (hysteresis against
+ * split/merge ping-pong).
+ */
+static int try_merge(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
+{
+    ExtreeNode *n = p->nodes[level], *parent = p->nodes[level + 1], *sib;
+    int ps = p->slots[level + 1], pn = node_nritems(parent);
+    int isz = item_size(level), cap = level ? t->ptr_cap : t->leaf_cap;
+    int nr = node_nritems(n), snr, ret;
+
+    if (ps + 1 < pn) {
+        /* right sibling folds into n; it need not be copied, it goes */
+        ret = get_child(t, tree, parent, ps + 1,
+                        path_node_end(tree, p, level + 1), &sib);
+        if (ret < 0) {
+            return ret;
+        }
+        snr = node_nritems(sib);
+        if (nr + snr <= cap * 3 / 4) {
+            memcpy(node_item(n, nr, isz), node_item(sib, 0, isz),
+                   (size_t)snr * isz);
+            node_set_nritems(n, nr + snr);
+            ret = free_node(t, sib);
+            extree_node_unref(t, sib);
+            if (ret < 0) {
+                return ret;
+            }
+            return delete_at(t, tree, p, level + 1, ps + 1, 1);
+        }
+        extree_node_unref(t, sib);
+    }
+    if (ps > 0) {
+        /* n folds into its left sibling, which must be made writable */
+        ExtreePath sp = { { 0 } };
+        ret = get_child(t, tree, parent, ps - 1, ptr_key(parent, ps), &sib);
+        if (ret < 0) {
+            return ret;
+        }
+        snr = node_nritems(sib);
+        if (nr + snr > cap * 3 / 4) {
+            extree_node_unref(t, sib);
+            return 0;
+        }
+        /* a one-level path to CoW the sibling under the same parent */
+        sp.nodes[level] = sib;
+        sp.nodes[level + 1] = parent;
+        sp.slots[level + 1] = ps - 1;
+        extree_node_ref(parent);
+        ret = cow_node(t, tree, &sp, level);
+        if (ret == 0) {
+            sib = sp.nodes[level];
+            memcpy(node_item(sib, snr, isz), node_item(n, 0, isz),
+                   (size_t)nr * isz);
+            node_set_nritems(sib, nr + snr);
+            ret = free_node(t, n);
+        }
+        extree_path_release(t, &sp);
+        if (ret < 0) {
+            return ret;
+        }
+        return delete_at(t, tree, p, level + 1, ps, 1);
+    }
+    return 0;
+}
+
+/* Remove @count items at (@level, @slot) of a writable path; free empty
+ * nodes, merge underfull ones, collapse a single-child root */
+static int delete_at(Extree *t, ExtreeTree *tree, ExtreePath *p, int level,
+                     int slot, int count)
+{
+    ExtreeNode *n = p->nodes[level];
+    int cap = level ? t->ptr_cap : t->leaf_cap;
+    int nr;
+    int ret;
+
+    t->seq++;
+    raw_delete(n, slot, count, item_size(level));
+    nr = node_nritems(n);
+    if (level == (int)tree->level) {
+        return level > 0 && nr == 1 ? collapse_root(t, tree) : 0;
+    }
+    if (nr == 0) {
+        ret = free_node(t, n);
+        if (ret < 0) {
+            return ret;
+        }
+        return delete_at(t, tree, p, level + 1, p->slots[level + 1], 1);
+    }
+    if (slot == 0) {
+        fixup_keys(tree, p, level, node_key(n, 0));
+    }
+    if (nr < cap / 4) {
+        return try_merge(t, tree, p, level);
+    }
+    return 0;
+}
+
+/* ---- item operations: one CoW descent each ---- */
+
+static void encode_item(uint8_t *raw, const ExtreeItem *it)
+{
+    ext_st64(raw, it->key);
+    ext_st64(raw + 8, it->length);
+    ext_st64(raw + 16, it->host);
+    ext_st32(raw + 24, it->type);
+    ext_st32(raw + 28, 0);
+}
+
+/* Write path to the item with key @key exactly */
+static int search_exact(Extree *t, ExtreeTree *tree, uint64_t key,
+                        ExtreePath *p)
+{
+    int ret = bt_search(t, tree, key, key, p, true);
+
+    if (ret < 0) {
+        return ret;
+    }
+    if (p->slots[0] >= (int)node_nritems(p->nodes[0]) ||
+        leaf_key(p->nodes[0], p->slots[0]) != key) {
+        extree_path_release(t, p);
+        return extree_corrupt(t, 0, "corrupt %s: item 0x%" PRIx64
+                              " vanished", extree_tree_name(tree->owner),
+                              key);
+    }
+    return 0;
+}
+
+static int bt_insert_item(Extree *t, ExtreeTree *tree, const ExtreeItem *it)
+{
+    ExtreePath p = { { 0 } };
+    uint8_t raw[EXT_LEAF_ISZ];
+    int ret = bt_search(t, tree, it->key, it->key, &p, true);
+
+    if (ret == 0) {
+        encode_item(raw, it);
+        ret = insert_at(t, tree, &p, 0, p.slots[0], raw);
+    }
+    extree_path_release(t, &p);
+    if (ret == 0) {
+        tree->nitems++;
+        tree->total += it->length;
+    }
+    return ret;
+}
+
+/* Replace the item with key @key by @it, which sorts at the same place */
+static int bt_update_item(Extree *t, ExtreeTree *tree, uint64_t key,
+                          const ExtreeItem *it)
+{
+    ExtreePath p = { { 0 } };
+    int ret = search_exact(t, tree, key, &p);
+
+    if (ret < 0) {
+        return ret;
+    }
+    tree->total += it->length - leaf_len(p.nodes[0], p.slots[0]);
+    leaf_set(p.nodes[0], p.slots[0], it);
+    if (p.slots[0] == 0 && it->key != key) {
+        fixup_keys(tree, &p, 0, it->key);
+    }
+    t->seq++;
+    extree_path_release(t, &p);
+    return 0;
+}
+
+/*
+ * Host space of @old's part [from, to) is no longer referenced: free it,
+ * except what the new item @keep re-uses (re-mapping in place).
+ */
+static int release_space(Extree *t, const ExtreeItem *old, uint64_t from,
+                         uint64_t to, const ExtreeItem *keep)
+{
+    uint64_t hs, he, ks, ke;
+    int ret = 0;
+
+    if (old->type != EXTREE_ITEM_DATA) {
+        return 0;
+    }
+    hs = old->host + (from - old->key);
+    he = hs + (to - from);
+    if (keep->type == EXTREE_ITEM_DATA) {
+        ks = keep->host;
+        ke = keep->host + keep->length;
+        if (ks < he && hs < ke) {
+            if (hs < ks) {
+                ret = extree_free_space(t, hs, ks - hs);
+            }
+            if (ret == 0 && ke < he) {
+                ret = extree_free_space(t, ke, he - ke);
+            }
+            return ret;
+        }
+    }
+    return extree_free_space(t, hs, he - hs);
+}
+
+static bool mergeable(const ExtreeItem *a, const ExtreeItem *b)
+{
+    return a->key + a->length == b->key && a->type == b->type &&
+           (a->type == EXTREE_ITEM_ZERO || a->host + a->length == b->host);
+}
+
+/* Insert @it into a hole, merged with mergeable neighbours */
+static int insert_merged(Extree *t, ExtreeTree *tree, const ExtreeItem *it)
+{
+    ExtreeItem prev, next, m;
+    bool hp, hn, ml, mr;
+    int ret = extree_bt_find(t, tree, it->key, &prev, &hp, &next, &hn);
+
+    if (ret < 0) {
+        return ret;
+    }
+    ml = hp && mergeable(&prev, it);
+    mr = hn && mergeable(it, &next);
+    if (ml && mr) {
+        ExtreePath p = { { 0 } };
+        ret = search_exact(t, tree, next.key, &p);
+        if (ret == 0) {
+            ret = delete_at(t, tree, &p, 0, p.slots[0], 1);
+        }
+        extree_path_release(t, &p);
+        if (ret < 0) {
+            return ret;
+        }
+        tree->nitems--;
+        tree->total -= next.length;
+        m = prev;
+        m.length += it->length + next.length;
+        return bt_update_item(t, tree, prev.key, &m);
+    } else if (ml) {
+        m = prev;
+        m.length += it->length;
+        return bt_update_item(t, tree, prev.key, &m);
+    } else if (mr) {
+        m = *it;
+        m.length += next.length;
+        return bt_update_item(t, tree, next.key, &m);
+    }
+    return bt_insert_item(t, tree, it);
+}
+
+/*
+ * Make [start, start + len) of @tree hold @it (one item, merged with
+ * mergeable neighbours) or, if it->type is 0, nothing.  Items overlapping
+ * the range are trimmed, split or deleted; DATA space they no longer
+ * reference is freed.  O(log n + items removed); a handful of descents.
+ */
+int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
+                      uint64_t start, uint64_t len)
+{
+    uint64_t end = start + len;
+    ExtreeItem prev, next, none = { 0 };
+    bool hp, hn;
+    int ret;
+
+    if (!it->type) {
+        it = &none;
+    }
+    ret = extree_bt_find(t, tree, start, &prev, &hp, &next, &hn);
+    if (ret < 0) {
+        return ret;
+    }
+    /* An item starting before the range reaches into it: keep its head
+     * (and its tail beyond the range) */
+    if (hp && prev.key + prev.length > start) {
+        uint64_t pend = prev.key + prev.length;
+        ExtreeItem head = prev;
+
+        head.length = start - prev.key;
+        ret = release_space(t, &prev, start, MIN(pend, end), it);
+        if (ret == 0) {
+            ret = bt_update_item(t, tree, prev.key, &head);
+        }
+        if (ret == 0 && pend > end) {
+            ExtreeItem tail = prev;
+            tail.key = end;
+            tail.length = pend - end;
+            if (tail.type != EXTREE_ITEM_ZERO) {
+                tail.host = prev.host + (end - prev.key);
+            }
+            ret = bt_insert_item(t, tree, &tail);
+        }
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    /* Items starting inside the range: delete them, a leaf's worth per
+     * descent, or cut the front of the last one */
+    while (hn && next.key < end) {
+        ExtreePath p = { { 0 } };
+
+        if (next.key + next.length > end) {
+            ExtreeItem cut = next;
+            cut.key = end;
+            cut.length = next.key + next.length - end;
+            if (cut.type != EXTREE_ITEM_ZERO) {
+                cut.host = next.host + (end - next.key);
+            }
+            ret = release_space(t, &next, next.key, end, it);
+            if (ret == 0) {
+                ret = bt_update_item(t, tree, next.key, &cut);
+            }
+            if (ret < 0) {
+                return ret;
+            }
+            break;
+        }
+        ret = search_exact(t, tree, next.key, &p);
+        if (ret == 0) {
+            ExtreeNode *leaf = p.nodes[0];
+            int s = p.slots[0], nr = node_nritems(leaf), count = 0;
+            uint64_t removed = 0;
+
+            for (int i = s; i < nr && ret == 0; i++) {
+                ExtreeItem x;
+                leaf_get(leaf, i, &x);
+                if (x.key >= end || x.key + x.length > end) {
+                    break;
+                }
+                ret = release_space(t, &x, x.key, x.key + x.length, it);
+                count++;
+                removed += x.length;
+            }
+            if (ret == 0) {
+                ret = delete_at(t, tree, &p, 0, s, count);
+                tree->nitems -= count;
+                tree->total -= removed;
+            }
+        }
+        extree_path_release(t, &p);
+        if (ret < 0) {
+            return ret;
+        }
+        ret = extree_bt_find(t, tree, start, &prev, &hp, &next, &hn);
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    if (!it->type) {
+        return 0;
+    }
+    {
+        ExtreeItem n = *it;
+        n.key = start;
+        n.length = len;
+        return insert_merged(t, tree, &n);
+    }
+}
+
+/* ---- public: updates ---- */
+
+int extree_maybe_commit(Extree *t)
+{
+    if (t->ndirty > t->dirty_limit && !t->in_commit) {
+        t->stats.forced_commits++;
+        return extree_commit(t);
+    }
+    return 0;
+}
+
+static int check_update(Extree *t, uint64_t guest, uint64_t bytes)
+{
+    uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
+
+    if (t->read_only) {
+        return -EROFS;
+    }
+    if (t->broken) {
+        return -EIO;
+    }
+    if (!bytes || !EXTREE_IS_ALIGNED(guest | bytes, t->block_size) ||
+        guest >= vend || bytes > vend - guest) {
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* A failed tree change may have stopped half-way: refuse further updates
+ * (reads stay possible; reopen to recover the last commit) */
+static int update_done(Extree *t, int ret)
+{
+    if (ret < 0) {
+        t->broken = true;
+        return ret;
+    }
+    return extree_maybe_commit(t);
+}
+
+int extree_map_data(Extree *t, uint64_t guest, uint64_t bytes, uint64_t host)
+{
+    ExtreeItem it = { guest, bytes, host, EXTREE_ITEM_DATA };
+    int ret = check_update(t, guest, bytes);
+
+    if (ret < 0) {
+        return ret;
+    }
+    if (!EXTREE_IS_ALIGNED(host, t->block_size) || host < t->data_start ||
+        host >= t->host_end || bytes > t->host_end - host ||
+        extree_alloc_is_free(t, host, bytes)) {
+        return -EINVAL;
+    }
+    return update_done(t, extree_bt_replace(t, &t->trees[EXT_TREE_EXTENT],
+                                            &it, guest, bytes));
+}
+
+int extree_set_zero(Extree *t, uint64_t guest, uint64_t bytes)
+{
+    ExtreeItem it = { guest, bytes, 0, EXTREE_ITEM_ZERO };
+    int ret = check_update(t, guest, bytes);
+
+    if (ret < 0) {
+        return ret;
+    }
+    return update_done(t, extree_bt_replace(t, &t->trees[EXT_TREE_EXTENT],
+                                            &it, guest, bytes));
+}
+
+int extree_punch(Extree *t, uint64_t guest, uint64_t bytes)
+{
+    ExtreeItem it = { 0 };
+    int ret = check_update(t, guest, bytes);
+
+    if (ret < 0) {
+        return ret;
+    }
+    return update_done(t, extree_bt_replace(t, &t->trees[EXT_TREE_EXTENT],
+                                            &it, guest, bytes));
+}
+
+/* ---- public: cursor ---- */
+
+void extree_cursor_init(ExtreeCursor *c, Extree *t)
+{
+    memset(c, 0, sizeof(*c));
+    c->t = t;
+}
+
+void extree_cursor_release(ExtreeCursor *c)
+{
+    if (c->t) {
+        extree_path_release(c->t, &c->path);
+    }
+    c->valid = false;
+}
+
+/*
+ * Put slots[0] on the first item that ends after @guest (or past the last
+ * item of the last leaf).  Forward from the current position when it is
+ * still valid and at most two leaves away, else one descent.
+ */
+static int cursor_seek(ExtreeCursor *c, uint64_t guest)
+{
+    Extree *t = c->t;
+    ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
+    ExtreeNode *n;
+    int slot, nr, ret;
+
+    if (c->valid && c->seq == t->seq && guest >= c->pos) {
+        for (int hops = 0; ; hops++) {
+            n = c->path.nodes[0];
+            nr = node_nritems(n);
+            slot = c->path.slots[0];
+            while (slot < nr && leaf_key(n, slot) + leaf_len(n, slot) <= guest) {
+                slot++;
+            }
+            c->path.slots[0] = slot;
+            if (slot < nr) {
+                return 0;
+            }
+            if (hops == 2) {
+                break;
+            }
+            ret = extree_bt_next_leaf(t, tree, &c->path);
+            if (ret == 1) {
+                return 0;
+            } else if (ret < 0) {
+                c->valid = false;
+                return ret;
+            }
+        }
+    }
+    c->valid = false;
+    ret = bt_search(t, tree, guest, guest, &c->path, false);
+    if (ret < 0) {
+        return ret;
+    }
+    n = c->path.nodes[0];
+    slot = c->path.slots[0];
+    if (slot > 0 && leaf_key(n, slot - 1) + leaf_len(n, slot - 1) > guest) {
+        c->path.slots[0] = slot - 1;
+    } else if (slot >= (int)node_nritems(n)) {
+        ret = extree_bt_next_leaf(t, tree, &c->path);
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    c->valid = true;
+    c->seq = t->seq;
+    return 0;
+}
+
+static bool run_joins(int coalesce, const ExtreeItem *cur, const ExtreeItem *nx)
+{
+    if (cur->key + cur->length != nx->key) {
+        return false;
+    }
+    if (coalesce == EXTREE_COALESCE_ALLOC) {
+        return true;
+    }
+    return mergeable(cur, nx);
+}
+
+int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
+                        int coalesce, ExtreeRun *run)
+{
+    Extree *t = c->t;
+    ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
+    uint64_t limit, end;
+    ExtreeNode *n;
+    ExtreeItem cur;
+    int slot, nr, ret;
+
+    if (guest >= t->virtual_size || max_bytes == 0) {
+        return -EINVAL;
+    }
+    limit = guest + MIN(max_bytes, t->virtual_size - guest);
+    ret = cursor_seek(c, guest);
+    if (ret < 0) {
+        extree_cursor_release(c);
+        return ret;
+    }
+    n = c->path.nodes[0];
+    nr = node_nritems(n);
+    slot = c->path.slots[0];
+    run->guest = guest;
+    run->host = 0;
+    if (slot >= nr || leaf_key(n, slot) > guest) {
+        run->type = EXTREE_RUN_UNALLOC;
+        end = slot >= nr ? limit : MIN(leaf_key(n, slot), limit);
+    } else {
+        leaf_get(n, slot, &cur);
+        run->type = cur.type == EXTREE_ITEM_DATA ? EXTREE_RUN_DATA
+                                                  : EXTREE_RUN_ZERO;
+        if (cur.type == EXTREE_ITEM_DATA) {
+            run->host = cur.host + (guest - cur.key);
+        }
+        end = cur.key + cur.length;
+        while (end < limit) {
+            ExtreeItem nx;
+            if (slot + 1 < nr) {
+                slot++;
+            } else {
+                c->path.slots[0] = slot + 1;
+                ret = extree_bt_next_leaf(t, tree, &c->path);
+                if (ret < 0) {
+                    extree_cursor_release(c);
+                    return ret;
+                }
+                if (ret == 1) {
+                    slot = nr;
+                    break;
+                }
+                n = c->path.nodes[0];
+                nr = node_nritems(n);
+                slot = 0;
+            }
+            leaf_get(n, slot, &nx);
+            if (!run_joins(coalesce, &cur, &nx)) {
+                break;
+            }
+            cur = nx;
+            end = nx.key + nx.length;
+        }
+        end = MIN(end, limit);
+    }
+    c->path.slots[0] = slot;
+    run->length = end - guest;
+    c->pos = end;
+    return 0;
+}
+
+int extree_lookup(Extree *t, uint64_t guest, uint64_t bytes, ExtreeRun *runs,
+                  int max_runs, int *nruns)
+{
+    ExtreeCursor c;
+    uint64_t end;
+    int ret = 0;
+
+    *nruns = 0;
+    if (guest >= t->virtual_size || !bytes) {
+        return -EINVAL;
+    }
+    end = guest + MIN(bytes, t->virtual_size - guest);
+    extree_cursor_init(&c, t);
+    while (guest < end && *nruns < max_runs) {
+        ret = extree_cursor_query(&c, guest, end - guest,
+                                  EXTREE_COALESCE_HOST, &runs[*nruns]);
+        if (ret < 0) {
+            break;
+        }
+        guest += runs[*nruns].length;
+        (*nruns)++;
+    }
+    extree_cursor_release(&c);
+    return ret;
+}

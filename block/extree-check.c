@@ -1,0 +1,291 @@
+/*
+ * extree core: the checker behind qemu-img check
+ *
+ * Reads every node of both trees from the backend (not from the cache, so
+ * that on-disk damage is seen even with a warm cache), validates it like a
+ * first read, and records who claims which host range: nodes of each tree,
+ * DATA extents, free ranges.  Sorting the claims shows overlaps (two owners:
+ * corruption) and gaps (no owner: leaks).  O(nodes + items) reads and time,
+ * O(items) memory.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include <stdarg.h>
+
+#include "extree-int.h"
+
+enum { CLAIM_EXTENT_NODE, CLAIM_FREE_NODE, CLAIM_DATA, CLAIM_FREE };
+
+typedef struct Claim {
+    uint64_t start, len;
+    uint64_t key;               /* node: bytenr; DATA: guest offset */
+    int kind;
+} Claim;
+
+typedef struct CheckCtx {
+    Extree *t;
+    ExtreeCheckResult *res;
+    ExtreeReportFn *report;
+    void *opaque;
+    GArray *claims;
+    GHashTable *visited;        /* node bytenrs: a shared node is walked once */
+    uint8_t *bufs[EXTREE_MAX_LEVELS];
+    ExtreeItem last;            /* previous leaf item of the tree walked */
+    bool has_last;
+} CheckCtx;
+
+static void G_GNUC_PRINTF(2, 3) say(CheckCtx *c, const char *fmt, ...)
+{
+    va_list ap;
+    char *msg;
+
+    va_start(ap, fmt);
+    msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    if (c->report) {
+        c->report(c->opaque, msg);
+    }
+    g_free(msg);
+}
+
+static void claim(CheckCtx *c, uint64_t start, uint64_t len, uint64_t key,
+                  int kind)
+{
+    Claim cl = { start, len, key, kind };
+    g_array_append_val(c->claims, cl);
+}
+
+static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
+                 const ExtreeNodeExpect *e)
+{
+    Extree *t = c->t;
+    const char *tree = extree_tree_name(owner);
+    uint8_t *buf = c->bufs[e->level];
+    ExtreeNode view;
+    char *why = NULL;
+    uint32_t nr;
+    int ret;
+
+    if (g_hash_table_contains(c->visited, &bytenr)) {
+        c->res->corruptions++;
+        say(c, "corrupt %s node at offset 0x%" PRIx64 ": referenced twice",
+            tree, bytenr);
+        return;
+    }
+    {
+        uint64_t *k = g_new(uint64_t, 1);
+        *k = bytenr;
+        g_hash_table_add(c->visited, k);
+    }
+    c->res->nodes++;
+    c->res->metadata_bytes += t->node_size;
+    claim(c, bytenr, t->node_size, bytenr,
+          owner == EXTREE_TREE_EXTENT ? CLAIM_EXTENT_NODE : CLAIM_FREE_NODE);
+
+    if (!EXTREE_IS_ALIGNED(bytenr, t->block_size) || bytenr < t->data_start ||
+        bytenr >= t->host_end || t->host_end - bytenr < t->node_size) {
+        c->res->corruptions++;
+        say(c, "corrupt %s node at offset 0x%" PRIx64 ": bad location", tree,
+            bytenr);
+        return;
+    }
+    ret = t->be->ops->pread(t->be->opaque, bytenr, buf, t->node_size);
+    if (ret == 0) {
+        ret = extree_node_validate(t, buf, bytenr, e, &why);
+    } else {
+        why = g_strdup_printf("read error: %s", g_strerror(-ret));
+    }
+    if (ret < 0) {
+        c->res->corruptions++;
+        say(c, "corrupt %s node at offset 0x%" PRIx64 ": %s", tree, bytenr,
+            why);
+        g_free(why);
+        c->has_last = false;
+        return;
+    }
+    view.buf = buf;
+    nr = node_nritems(&view);
+    for (uint32_t i = 0; i < nr; i++) {
+        if (e->level) {
+            ExtreeNodeExpect ce;
+            ExtreeKeyPtr kp;
+            ptr_get(&view, i, &kp);
+            ce.owner = owner;
+            ce.level = e->level - 1;
+            ce.generation = kp.child_gen;
+            ce.has_first_key = true;
+            ce.first_key = kp.key;
+            ce.key_end = i + 1 < nr ? ptr_key(&view, i + 1) : e->key_end;
+            walk(c, owner, kp.child, &ce);
+            /* the child's walk reused deeper buffers only */
+        } else {
+            ExtreeItem it;
+            leaf_get(&view, i, &it);
+            if (c->has_last && c->last.key + c->last.length == it.key &&
+                c->last.type == it.type &&
+                (it.type == EXTREE_ITEM_ZERO ||
+                 c->last.host + c->last.length == it.host)) {
+                c->res->unmerged++;
+            }
+            c->last = it;
+            c->has_last = true;
+            if (owner == EXTREE_TREE_EXTENT) {
+                c->res->extents++;
+                if (it.type == EXTREE_ITEM_DATA) {
+                    c->res->data_bytes += it.length;
+                    claim(c, it.host, it.length, it.key, CLAIM_DATA);
+                }
+            } else {
+                c->res->free_items++;
+                c->res->free_bytes += it.length;
+                claim(c, it.host, it.length, it.key, CLAIM_FREE);
+            }
+        }
+    }
+}
+
+static gint claim_cmp(gconstpointer a, gconstpointer b)
+{
+    const Claim *x = a, *y = b;
+    if (x->start != y->start) {
+        return x->start < y->start ? -1 : 1;
+    }
+    return x->kind - y->kind;
+}
+
+static const char *claim_name(const Claim *cl, char *buf, size_t size)
+{
+    switch (cl->kind) {
+    case CLAIM_EXTENT_NODE:
+        g_snprintf(buf, size, "extent tree node 0x%" PRIx64, cl->key);
+        break;
+    case CLAIM_FREE_NODE:
+        g_snprintf(buf, size, "free tree node 0x%" PRIx64, cl->key);
+        break;
+    case CLAIM_DATA:
+        g_snprintf(buf, size, "extent at guest offset 0x%" PRIx64, cl->key);
+        break;
+    default:
+        g_snprintf(buf, size, "free space");
+        break;
+    }
+    return buf;
+}
+
+static void overlap(CheckCtx *c, const Claim *a, const Claim *b)
+{
+    uint64_t at = b->start;
+    char an[64], bn[64];
+
+    c->res->corruptions++;
+    if (a->kind == CLAIM_DATA && b->kind == CLAIM_DATA) {
+        say(c, "corrupt extent tree: double use of host offset 0x%" PRIx64
+            " by extents at guest offsets 0x%" PRIx64 " and 0x%" PRIx64,
+            at, a->key, b->key);
+    } else if (a->kind == CLAIM_FREE || b->kind == CLAIM_FREE) {
+        const Claim *o = a->kind == CLAIM_FREE ? b : a;
+        say(c, "corrupt free tree: free space at offset 0x%" PRIx64
+            " overlaps %s", at, claim_name(o, an, sizeof(an)));
+    } else {
+        say(c, "corrupt host space at offset 0x%" PRIx64 ": %s overlaps %s",
+            at, claim_name(a, an, sizeof(an)), claim_name(b, bn, sizeof(bn)));
+    }
+}
+
+static void leak(CheckCtx *c, GArray *leaks, uint64_t start, uint64_t end)
+{
+    Claim l = { start, end - start, 0, CLAIM_FREE };
+
+    c->res->leaks++;
+    c->res->leaked_bytes += end - start;
+    say(c, "leaked host space at offset 0x%" PRIx64 ", length 0x%" PRIx64,
+        start, end - start);
+    g_array_append_val(leaks, l);
+}
+
+int extree_check(Extree *t, bool repair_leaks, ExtreeCheckResult *res,
+                 ExtreeReportFn *report, void *opaque)
+{
+    CheckCtx c = { .t = t, .res = res, .report = report, .opaque = opaque };
+    GArray *leaks = g_array_new(false, false, sizeof(Claim));
+    const Claim *prev = NULL;
+    uint64_t pos;
+    int ret = 0;
+
+    memset(res, 0, sizeof(*res));
+    if (!t->read_only && !t->broken) {
+        ret = extree_commit(t);
+        if (ret < 0) {
+            g_array_free(leaks, true);
+            return ret;
+        }
+    }
+    c.claims = g_array_new(false, false, sizeof(Claim));
+    c.visited = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free,
+                                      NULL);
+    for (int l = 0; l < EXTREE_MAX_LEVELS; l++) {
+        c.bufs[l] = g_malloc(t->node_size);
+    }
+    for (int i = 0; i < 2; i++) {
+        ExtreeTree *tree = &t->trees[i];
+        ExtreeNodeExpect e;
+        extree_tree_expect(t, tree, &e);
+        c.has_last = false;
+        walk(&c, tree->owner, tree->root, &e);
+    }
+    if (res->extents != t->trees[EXT_TREE_EXTENT].nitems) {
+        res->corruptions++;
+        say(&c, "corrupt superblock at offset 0x%" PRIx64 ": extent_count "
+            "mismatch, have %" PRIu64 " expect %" PRIu64,
+            (t->generation % 2) * EXTREE_SB_SIZE,
+            t->trees[EXT_TREE_EXTENT].nitems, res->extents);
+    }
+
+    /* Every block of [data_start, host_end) has exactly one owner */
+    g_array_sort(c.claims, claim_cmp);
+    pos = t->data_start;
+    for (guint i = 0; i < c.claims->len; i++) {
+        const Claim *cl = &g_array_index(c.claims, Claim, i);
+        if (cl->start > pos) {
+            leak(&c, leaks, pos, cl->start);
+        } else if (cl->start < pos && prev) {
+            overlap(&c, prev, cl);
+        }
+        if (!prev || cl->start + cl->len > pos) {
+            pos = MAX(pos, cl->start + cl->len);
+            prev = cl;
+        }
+    }
+    if (pos < t->host_end) {
+        leak(&c, leaks, pos, t->host_end);
+    }
+
+    if (repair_leaks && leaks->len) {
+        if (res->corruptions || t->read_only || t->broken) {
+            say(&c, "leaks not repaired: %s", t->read_only ? "read-only" :
+                "the image has corruptions");
+        } else {
+            for (guint i = 0; i < leaks->len && ret == 0; i++) {
+                const Claim *l = &g_array_index(leaks, Claim, i);
+                ret = extree_alloc_add_avail(t, l->start, l->len);
+                if (ret == 0) {
+                    res->repaired_leaks++;
+                }
+            }
+            if (ret == 0) {
+                ret = extree_commit(t);
+            }
+        }
+    }
+
+    for (int l = 0; l < EXTREE_MAX_LEVELS; l++) {
+        g_free(c.bufs[l]);
+    }
+    g_hash_table_destroy(c.visited);
+    g_array_free(c.claims, true);
+    g_array_free(leaks, true);
+    return ret;
+}

@@ -1,0 +1,290 @@
+/*
+ * extree core: internal interfaces between the layers
+ *
+ * Not for the QEMU driver: it uses block/extree.h only.
+ *
+ * Nodes are kept in the cache as their raw little-endian on-disk image
+ * (node_size bytes) and read through the inline load/store helpers below:
+ * decoding costs nothing at read time and encoding is a checksum at write
+ * time.  CPU-side values (ExtreeItem, ExtreeKeyPtr) are separate types.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#ifndef BLOCK_EXTREE_INT_H
+#define BLOCK_EXTREE_INT_H
+
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+#include <glib.h>
+
+#include "extree.h"
+
+#define EXTREE_ROUND_UP(x, a)   (((x) + (a) - 1) & ~((uint64_t)(a) - 1))
+#define EXTREE_IS_ALIGNED(x, a) (((x) & ((uint64_t)(a) - 1)) == 0)
+
+/* ---- Little-endian loads and stores into node buffers ---- */
+
+static inline uint64_t ext_ld64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return GUINT64_FROM_LE(v);
+}
+
+static inline uint32_t ext_ld32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return GUINT32_FROM_LE(v);
+}
+
+static inline void ext_st64(uint8_t *p, uint64_t v)
+{
+    v = GUINT64_TO_LE(v);
+    memcpy(p, &v, 8);
+}
+
+static inline void ext_st32(uint8_t *p, uint32_t v)
+{
+    v = GUINT32_TO_LE(v);
+    memcpy(p, &v, 4);
+}
+
+/* ---- crc32c (extree-crc32c.c) ---- */
+
+uint32_t extree_crc32c(uint32_t crc, const void *buf, size_t len);
+
+/* ---- CPU types ---- */
+
+typedef struct ExtreeItem {
+    uint64_t key, length, host;
+    uint32_t type;              /* EXTREE_ITEM_*, 0 = none (punch) */
+} ExtreeItem;
+
+typedef struct ExtreeKeyPtr {
+    uint64_t key, child, child_gen;
+} ExtreeKeyPtr;
+
+/* Node header field offsets (ExtreeDiskNodeHeader) */
+#define EXT_NH_CSUM     0
+#define EXT_NH_MAGIC    4
+#define EXT_NH_BYTENR   8
+#define EXT_NH_GEN      16
+#define EXT_NH_OWNER    24
+#define EXT_NH_LEVEL    28
+#define EXT_NH_NRITEMS  32
+#define EXT_LEAF_ISZ    ((int)sizeof(ExtreeDiskItem))
+#define EXT_PTR_ISZ     ((int)sizeof(ExtreeDiskKeyPtr))
+
+/* ---- Node cache (extree-node.c) ---- */
+
+typedef struct ExtreeNode {
+    uint64_t bytenr;            /* hash key: where it lives on disk */
+    uint8_t *buf;               /* node_size bytes, on-disk image */
+    /* One list at a time: t->lru (clean, unpinned) or t->dirty (dirty) or
+     * none (clean and pinned) */
+    struct ExtreeNode *prev, *next;
+    uint32_t refcnt;
+    bool dirty;
+    bool orphan;                /* dropped from the tree while pinned */
+    uint8_t list;               /* EXT_LIST_* */
+} ExtreeNode;
+
+enum { EXT_LIST_NONE, EXT_LIST_LRU, EXT_LIST_DIRTY };
+
+static inline uint32_t node_nritems(const ExtreeNode *n)
+{
+    return ext_ld32(n->buf + EXT_NH_NRITEMS);
+}
+static inline void node_set_nritems(ExtreeNode *n, uint32_t v)
+{
+    ext_st32(n->buf + EXT_NH_NRITEMS, v);
+}
+static inline unsigned node_level(const ExtreeNode *n)
+{
+    return n->buf[EXT_NH_LEVEL];
+}
+static inline uint32_t node_owner(const ExtreeNode *n)
+{
+    return ext_ld32(n->buf + EXT_NH_OWNER);
+}
+static inline uint64_t node_gen(const ExtreeNode *n)
+{
+    return ext_ld64(n->buf + EXT_NH_GEN);
+}
+/* Offset of item @i: leaf items and key pointers both start with the key */
+static inline uint8_t *node_item(const ExtreeNode *n, int i, int isz)
+{
+    return n->buf + EXTREE_NODE_HEADER_SIZE + (size_t)i * isz;
+}
+static inline uint64_t leaf_key(const ExtreeNode *n, int i)
+{
+    return ext_ld64(node_item(n, i, EXT_LEAF_ISZ));
+}
+static inline uint64_t leaf_len(const ExtreeNode *n, int i)
+{
+    return ext_ld64(node_item(n, i, EXT_LEAF_ISZ) + 8);
+}
+static inline void leaf_get(const ExtreeNode *n, int i, ExtreeItem *it)
+{
+    const uint8_t *p = node_item(n, i, EXT_LEAF_ISZ);
+    it->key = ext_ld64(p);
+    it->length = ext_ld64(p + 8);
+    it->host = ext_ld64(p + 16);
+    it->type = ext_ld32(p + 24);
+}
+static inline void leaf_set(ExtreeNode *n, int i, const ExtreeItem *it)
+{
+    uint8_t *p = node_item(n, i, EXT_LEAF_ISZ);
+    ext_st64(p, it->key);
+    ext_st64(p + 8, it->length);
+    ext_st64(p + 16, it->host);
+    ext_st32(p + 24, it->type);
+    ext_st32(p + 28, 0);
+}
+static inline uint64_t ptr_key(const ExtreeNode *n, int i)
+{
+    return ext_ld64(node_item(n, i, EXT_PTR_ISZ));
+}
+static inline void ptr_get(const ExtreeNode *n, int i, ExtreeKeyPtr *kp)
+{
+    const uint8_t *p = node_item(n, i, EXT_PTR_ISZ);
+    kp->key = ext_ld64(p);
+    kp->child = ext_ld64(p + 8);
+    kp->child_gen = ext_ld64(p + 16);
+}
+static inline void ptr_set(ExtreeNode *n, int i, const ExtreeKeyPtr *kp)
+{
+    uint8_t *p = node_item(n, i, EXT_PTR_ISZ);
+    ext_st64(p, kp->key);
+    ext_st64(p + 8, kp->child);
+    ext_st64(p + 16, kp->child_gen);
+}
+static inline uint64_t node_key(const ExtreeNode *n, int i)
+{
+    return ext_ld64(node_item(n, i, node_level(n) ? EXT_PTR_ISZ
+                                                  : EXT_LEAF_ISZ));
+}
+
+/* What a reader expects of a node: checked once, when read from disk */
+typedef struct ExtreeNodeExpect {
+    uint32_t owner;
+    unsigned level;
+    uint64_t generation;        /* from the parent pointer or superblock */
+    bool has_first_key;
+    uint64_t first_key;         /* parent's key for this child */
+    uint64_t key_end;           /* every item ends <= this (next parent
+                                 * key), UINT64_MAX for the last child */
+} ExtreeNodeExpect;
+
+/* One tree: extent or free */
+typedef struct ExtreeTree {
+    uint32_t owner;             /* EXTREE_TREE_* */
+    uint64_t root;              /* bytenr */
+    uint64_t root_gen;
+    unsigned level;             /* of the root */
+    uint64_t nitems;            /* leaf items */
+    uint64_t total;             /* sum of item lengths */
+} ExtreeTree;
+
+enum { EXT_TREE_EXTENT = 0, EXT_TREE_FREE = 1 };
+
+typedef struct ExtreeAllocOp {
+    uint64_t start, len;
+    bool is_free;
+} ExtreeAllocOp;
+
+struct Extree {
+    ExtreeBackend *be;
+    bool read_only;
+    bool broken;                /* a failed commit left memory inconsistent,
+                                 * or marked corrupt: refuse updates */
+    uint32_t block_size, node_size;
+    int leaf_cap, ptr_cap;
+    uint64_t virtual_size, host_end, data_start;
+    uint64_t generation;        /* last committed superblock */
+    uint64_t trans_gen;         /* generation + 1: nodes of this
+                                 * transaction carry it and are writable */
+    uint64_t incompat, compat;
+    char *backing_file, *backing_fmt;
+    bool super_dirty;
+
+    ExtreeTree trees[2];
+    struct ExtreeSuper *csb;    /* last committed superblock */
+
+    /* Node cache: O(1) lookup by bytenr, intrusive LRU of clean unpinned
+     * nodes; dirty nodes stay until commit */
+    GHashTable *cache;
+    ExtreeNode lru;             /* list head; lru.next is the oldest */
+    ExtreeNode dirty;           /* list head */
+    uint64_t ncached, ndirty;
+    uint64_t cache_limit;       /* nodes */
+    uint64_t dirty_limit;       /* nodes */
+    uint64_t seq;               /* bumped by every tree change */
+    bool in_commit;
+
+    /* Allocator: ranges of host space (GSequence of ExtreeRange) */
+    GSequence *avail;           /* allocatable now */
+    GSequence *pending;         /* freed in this transaction */
+    uint64_t avail_bytes, pending_bytes;
+    GArray *oplog;              /* ExtreeAllocOp since the last free-tree
+                                 * sync */
+    uint64_t meta_start, meta_end;  /* current metadata chunk */
+
+    ExtreeStats stats;
+    ExtreeCorruptFn *corrupt_fn;
+    void *corrupt_opaque;
+    char *last_error;
+};
+
+/* extree-node.c */
+void extree_cache_init(Extree *t);
+void extree_cache_destroy(Extree *t);
+int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
+                    ExtreeNode **out);
+ExtreeNode *extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
+                            unsigned level);
+void extree_node_ref(ExtreeNode *n);
+void extree_node_unref(Extree *t, ExtreeNode *n);
+void extree_node_drop(Extree *t, ExtreeNode *n);
+void extree_cache_shrink(Extree *t);
+int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
+                         const ExtreeNodeExpect *e, char **why);
+void extree_node_finish(Extree *t, uint8_t *buf);
+int extree_node_write_dirty(Extree *t);
+void extree_node_commit_done(Extree *t);
+int extree_corrupt(Extree *t, uint64_t offset, const char *fmt, ...)
+    G_GNUC_PRINTF(3, 4);
+const char *extree_tree_name(uint32_t owner);
+
+/* extree-alloc.c */
+void extree_alloc_init(Extree *t);
+void extree_alloc_destroy(Extree *t);
+int extree_alloc_meta(Extree *t, uint64_t *out);
+int extree_free_space(Extree *t, uint64_t start, uint64_t len);
+int extree_alloc_add_avail(Extree *t, uint64_t start, uint64_t len);
+bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len);
+int extree_alloc_sync(Extree *t);
+int extree_alloc_load(Extree *t, uint64_t expect_bytes);
+void extree_alloc_commit_done(Extree *t);
+
+/* extree-btree.c */
+void extree_path_release(Extree *t, ExtreePath *p);
+int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
+                      uint64_t start, uint64_t len);
+int extree_bt_first(Extree *t, ExtreeTree *tree, uint64_t key,
+                    ExtreePath *p, ExtreeItem *it);
+int extree_bt_next(Extree *t, ExtreeTree *tree, ExtreePath *p,
+                   ExtreeItem *it);
+int extree_bt_find(Extree *t, ExtreeTree *tree, uint64_t key,
+                   ExtreeItem *prev, bool *has_prev,
+                   ExtreeItem *next, bool *has_next);
+int extree_bt_next_leaf(Extree *t, ExtreeTree *tree, ExtreePath *p);
+void extree_tree_expect(Extree *t, ExtreeTree *tree, ExtreeNodeExpect *e);
+int extree_maybe_commit(Extree *t);
+
+#endif /* BLOCK_EXTREE_INT_H */

@@ -1,0 +1,516 @@
+/*
+ * extree core: node cache, node validation (tree-checker), node writes
+ *
+ * Every node read from the backend is validated here, once, against what
+ * its reader expects (owner, level, generation, key range); the rest of the
+ * core trusts cached nodes.  Cached nodes are the raw on-disk image.
+ *
+ * Cache: GHashTable keyed by bytenr (O(1)), an intrusive LRU list of clean
+ * unpinned nodes (O(1) touch and evict), an intrusive list of dirty nodes
+ * (never evicted: they are written at commit).  A node pinned by a path or
+ * cursor (refcnt > 0) is never evicted; a pinned node dropped from the tree
+ * becomes an orphan and is freed on its last unref.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "extree-int.h"
+
+const char *extree_tree_name(uint32_t owner)
+{
+    switch (owner) {
+    case EXTREE_TREE_EXTENT:
+        return "extent tree";
+    case EXTREE_TREE_FREE:
+        return "free tree";
+    default:
+        return "unknown tree";
+    }
+}
+
+/*
+ * The one corruption helper: record the message, tell the handler, return
+ * -EIO for the failing call to pass up.
+ */
+int extree_corrupt(Extree *t, uint64_t offset, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    g_free(t->last_error);
+    t->last_error = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    if (t->corrupt_fn) {
+        t->corrupt_fn(t->corrupt_opaque, offset, t->last_error);
+    }
+    return -EIO;
+}
+
+/* ---- intrusive lists ---- */
+
+static void list_init(ExtreeNode *head)
+{
+    head->prev = head->next = head;
+}
+
+static void list_del(ExtreeNode *n)
+{
+    n->prev->next = n->next;
+    n->next->prev = n->prev;
+    n->prev = n->next = NULL;
+    n->list = EXT_LIST_NONE;
+}
+
+static void list_add_tail(ExtreeNode *head, ExtreeNode *n, uint8_t which)
+{
+    n->prev = head->prev;
+    n->next = head;
+    head->prev->next = n;
+    head->prev = n;
+    n->list = which;
+}
+
+void extree_cache_init(Extree *t)
+{
+    t->cache = g_hash_table_new(g_int64_hash, g_int64_equal);
+    list_init(&t->lru);
+    list_init(&t->dirty);
+}
+
+static void node_free(ExtreeNode *n)
+{
+    g_free(n->buf);
+    g_free(n);
+}
+
+void extree_cache_destroy(Extree *t)
+{
+    GHashTableIter it;
+    gpointer key, value;
+
+    if (!t->cache) {
+        return;
+    }
+    g_hash_table_iter_init(&it, t->cache);
+    while (g_hash_table_iter_next(&it, &key, &value)) {
+        node_free(value);
+    }
+    g_hash_table_destroy(t->cache);
+    t->cache = NULL;
+}
+
+static void cache_remove(Extree *t, ExtreeNode *n)
+{
+    g_hash_table_remove(t->cache, &n->bytenr);
+    t->ncached--;
+    if (n->list != EXT_LIST_NONE) {
+        list_del(n);
+    }
+    if (n->dirty) {
+        n->dirty = false;
+        t->ndirty--;
+    }
+}
+
+void extree_cache_shrink(Extree *t)
+{
+    while (t->ncached > t->cache_limit && t->lru.next != &t->lru) {
+        ExtreeNode *n = t->lru.next;
+        cache_remove(t, n);
+        node_free(n);
+        t->stats.evictions++;
+    }
+}
+
+void extree_node_ref(ExtreeNode *n)
+{
+    n->refcnt++;
+}
+
+static void node_pin(Extree *t, ExtreeNode *n)
+{
+    if (n->refcnt++ == 0 && n->list == EXT_LIST_LRU) {
+        list_del(n);
+    }
+}
+
+void extree_node_unref(Extree *t, ExtreeNode *n)
+{
+    g_assert(n->refcnt > 0);
+    if (--n->refcnt > 0) {
+        return;
+    }
+    if (n->orphan) {
+        node_free(n);
+    } else if (!n->dirty) {
+        list_add_tail(&t->lru, n, EXT_LIST_LRU);
+        if (t->ncached > t->cache_limit) {
+            extree_cache_shrink(t);
+        }
+    }
+}
+
+/* The node's location was freed: forget it (pinned: free on last unref) */
+void extree_node_drop(Extree *t, ExtreeNode *n)
+{
+    cache_remove(t, n);
+    if (n->refcnt) {
+        n->orphan = true;
+    } else {
+        node_free(n);
+    }
+    t->seq++;
+}
+
+/* A new empty node of this transaction, dirty and pinned once */
+ExtreeNode *extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
+                            unsigned level)
+{
+    ExtreeNode *n = g_new0(ExtreeNode, 1);
+    ExtreeNode *old = g_hash_table_lookup(t->cache, &bytenr);
+
+    if (old) {
+        /* A stale clean copy of a freed location: must not be found */
+        extree_node_drop(t, old);
+    }
+    n->bytenr = bytenr;
+    n->buf = g_malloc0(t->node_size);
+    ext_st32(n->buf + EXT_NH_MAGIC, EXTREE_NODE_MAGIC);
+    ext_st64(n->buf + EXT_NH_BYTENR, bytenr);
+    ext_st64(n->buf + EXT_NH_GEN, t->trans_gen);
+    ext_st32(n->buf + EXT_NH_OWNER, owner);
+    n->buf[EXT_NH_LEVEL] = level;
+    n->refcnt = 1;
+    n->dirty = true;
+    list_add_tail(&t->dirty, n, EXT_LIST_DIRTY);
+    g_hash_table_insert(t->cache, &n->bytenr, n);
+    t->ncached++;
+    t->ndirty++;
+    t->seq++;
+    return n;
+}
+
+/* ---- validation ---- */
+
+static int leaf_item_check(Extree *t, uint32_t owner, const ExtreeItem *it,
+                           uint32_t flags, int i, char **why)
+{
+    uint64_t bs = t->block_size;
+    uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, bs);
+
+    if (flags) {
+        *why = g_strdup_printf("bad item flags at slot %d, have 0x%x "
+                               "expect 0x0", i, flags);
+        return -EIO;
+    }
+    if (!it->length || !EXTREE_IS_ALIGNED(it->key | it->length, bs)) {
+        *why = g_strdup_printf("bad item at slot %d: key 0x%" PRIx64
+                               " length 0x%" PRIx64 " not a non-empty "
+                               "multiple of block size %u", i, it->key,
+                               it->length, t->block_size);
+        return -EIO;
+    }
+    if (owner == EXTREE_TREE_EXTENT) {
+        if (it->key >= vend || it->length > vend - it->key) {
+            *why = g_strdup_printf("item at slot %d beyond virtual size, "
+                                   "have end 0x%" PRIx64 " max 0x%" PRIx64,
+                                   i, it->key + it->length, vend);
+            return -EIO;
+        }
+        if (it->type == EXTREE_ITEM_ZERO) {
+            if (it->host) {
+                *why = g_strdup_printf("bad zero item at slot %d, host "
+                                       "have 0x%" PRIx64 " expect 0x0", i,
+                                       it->host);
+                return -EIO;
+            }
+            return 0;
+        }
+        if (it->type != EXTREE_ITEM_DATA) {
+            *why = g_strdup_printf("bad item type at slot %d, have %u", i,
+                                   it->type);
+            return -EIO;
+        }
+    } else {
+        if (it->type != EXTREE_ITEM_FREE) {
+            *why = g_strdup_printf("bad item type at slot %d, have %u "
+                                   "expect %u", i, it->type,
+                                   EXTREE_ITEM_FREE);
+            return -EIO;
+        }
+        if (it->host != it->key) {
+            *why = g_strdup_printf("bad free item at slot %d, host have 0x%"
+                                   PRIx64 " expect 0x%" PRIx64, i, it->host,
+                                   it->key);
+            return -EIO;
+        }
+    }
+    /* DATA and FREE: a host range inside the data area */
+    if (!EXTREE_IS_ALIGNED(it->host, bs) || it->host < t->data_start ||
+        it->host >= t->host_end || it->length > t->host_end - it->host) {
+        *why = g_strdup_printf("bad host range at slot %d, have [0x%" PRIx64
+                               ", +0x%" PRIx64 ") expect inside [0x%" PRIx64
+                               ", 0x%" PRIx64 ")", i, it->host, it->length,
+                               t->data_start, t->host_end);
+        return -EIO;
+    }
+    return 0;
+}
+
+/*
+ * Tree-checker: every header field and every item of a node image read
+ * from @bytenr.  On failure *@why says what (g_malloc'd), e.g.
+ * "bad checksum, have 0x1234 expect 0x5678".
+ */
+int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
+                         const ExtreeNodeExpect *e, char **why)
+{
+    uint32_t have_csum = ext_ld32(buf + EXT_NH_CSUM);
+    uint32_t csum = extree_crc32c(0, buf + 4, t->node_size - 4);
+    uint32_t magic = ext_ld32(buf + EXT_NH_MAGIC);
+    uint64_t hb = ext_ld64(buf + EXT_NH_BYTENR);
+    uint64_t gen = ext_ld64(buf + EXT_NH_GEN);
+    uint32_t owner = ext_ld32(buf + EXT_NH_OWNER);
+    unsigned level = buf[EXT_NH_LEVEL];
+    uint32_t nr = ext_ld32(buf + EXT_NH_NRITEMS);
+    uint32_t cap = level ? EXTREE_INTERIOR_CAPACITY(t->node_size)
+                         : EXTREE_LEAF_CAPACITY(t->node_size);
+    ExtreeNode fake = { .buf = (uint8_t *)buf };
+    uint64_t prev_end = 0;
+
+    *why = NULL;
+    if (have_csum != csum) {
+        *why = g_strdup_printf("bad checksum, have 0x%08x expect 0x%08x",
+                               have_csum, csum);
+        return -EIO;
+    }
+    if (magic != EXTREE_NODE_MAGIC) {
+        *why = g_strdup_printf("bad magic, have 0x%08x expect 0x%08x",
+                               magic, EXTREE_NODE_MAGIC);
+        return -EIO;
+    }
+    if (hb != bytenr) {
+        *why = g_strdup_printf("bad bytenr, have 0x%" PRIx64 " expect 0x%"
+                               PRIx64, hb, bytenr);
+        return -EIO;
+    }
+    if (owner != e->owner) {
+        *why = g_strdup_printf("bad owner, have %u expect %u", owner,
+                               e->owner);
+        return -EIO;
+    }
+    if (level != e->level) {
+        *why = g_strdup_printf("bad level, have %u expect %u", level,
+                               e->level);
+        return -EIO;
+    }
+    if (gen != e->generation) {
+        *why = g_strdup_printf("bad generation, have %" PRIu64 " expect %"
+                               PRIu64, gen, e->generation);
+        return -EIO;
+    }
+    if (nr > cap) {
+        *why = g_strdup_printf("too many items, have %u max %u", nr, cap);
+        return -EIO;
+    }
+    if (nr == 0 && (level > 0 || e->has_first_key)) {
+        *why = g_strdup_printf("empty %s node",
+                               level ? "interior" : "non-root leaf");
+        return -EIO;
+    }
+    if (nr > 0 && e->has_first_key && node_key(&fake, 0) != e->first_key) {
+        *why = g_strdup_printf("first key mismatch, have 0x%" PRIx64
+                               " expect 0x%" PRIx64 " (parent key)",
+                               node_key(&fake, 0), e->first_key);
+        return -EIO;
+    }
+    for (uint32_t i = 0; i < nr; i++) {
+        if (level) {
+            ExtreeKeyPtr kp;
+            ptr_get(&fake, i, &kp);
+            if (i > 0 && kp.key <= prev_end) {
+                *why = g_strdup_printf("unsorted keys at slot %u, have 0x%"
+                                       PRIx64 " after 0x%" PRIx64, i,
+                                       kp.key, prev_end);
+                return -EIO;
+            }
+            if (kp.key >= e->key_end) {
+                *why = g_strdup_printf("key beyond parent range at slot %u,"
+                                       " have 0x%" PRIx64 " limit 0x%"
+                                       PRIx64, i, kp.key, e->key_end);
+                return -EIO;
+            }
+            prev_end = kp.key;
+            if (!EXTREE_IS_ALIGNED(kp.child, t->block_size) ||
+                kp.child < t->data_start || kp.child >= t->host_end ||
+                t->host_end - kp.child < t->node_size) {
+                *why = g_strdup_printf("bad child pointer at slot %u, have "
+                                       "0x%" PRIx64, i, kp.child);
+                return -EIO;
+            }
+            if (kp.child_gen == 0 || kp.child_gen > gen) {
+                *why = g_strdup_printf("bad child generation at slot %u, "
+                                       "have %" PRIu64 " max %" PRIu64, i,
+                                       kp.child_gen, gen);
+                return -EIO;
+            }
+        } else {
+            ExtreeItem it;
+            uint32_t flags = ext_ld32(node_item(&fake, i, EXT_LEAF_ISZ) + 28);
+            int ret;
+
+            leaf_get(&fake, i, &it);
+            ret = leaf_item_check(t, owner, &it, flags, i, why);
+            if (ret < 0) {
+                return ret;
+            }
+            if (i > 0 && it.key < prev_end) {
+                *why = g_strdup_printf("unsorted or overlapping items at slot"
+                                       " %u, key 0x%" PRIx64 " before end "
+                                       "0x%" PRIx64, i, it.key, prev_end);
+                return -EIO;
+            }
+            prev_end = it.key + it.length;
+            if (prev_end > e->key_end) {
+                *why = g_strdup_printf("item beyond parent range at slot %u,"
+                                       " have end 0x%" PRIx64 " limit 0x%"
+                                       PRIx64, i, prev_end, e->key_end);
+                return -EIO;
+            }
+        }
+    }
+    return 0;
+}
+
+/*
+ * Get node @bytenr pinned: from the cache (O(1)) or read and validated.
+ * A cached node is checked only for owner, level and generation (it was
+ * fully validated when read, and a node changes only through CoW).
+ */
+int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
+                    ExtreeNode **out)
+{
+    ExtreeNode *n = g_hash_table_lookup(t->cache, &bytenr);
+    const char *tree = extree_tree_name(e->owner);
+    char *why = NULL;
+    int ret;
+
+    *out = NULL;
+    if (n) {
+        t->stats.cache_hits++;
+        if (node_owner(n) != e->owner || node_level(n) != e->level ||
+            node_gen(n) != e->generation) {
+            return extree_corrupt(t, bytenr, "corrupt %s node at offset 0x%"
+                                  PRIx64 ": node shared with another "
+                                  "parent, have owner %u level %u "
+                                  "generation %" PRIu64 " expect %u %u %"
+                                  PRIu64, tree, bytenr, node_owner(n),
+                                  node_level(n), node_gen(n), e->owner,
+                                  e->level, e->generation);
+        }
+        node_pin(t, n);
+        *out = n;
+        return 0;
+    }
+
+    if (!EXTREE_IS_ALIGNED(bytenr, t->block_size) ||
+        bytenr < t->data_start || bytenr >= t->host_end ||
+        t->host_end - bytenr < t->node_size) {
+        return extree_corrupt(t, bytenr, "corrupt %s node at offset 0x%"
+                              PRIx64 ": bad location, expect inside [0x%"
+                              PRIx64 ", 0x%" PRIx64 ")", tree, bytenr,
+                              t->data_start, t->host_end);
+    }
+    t->stats.cache_misses++;
+    n = g_new0(ExtreeNode, 1);
+    n->bytenr = bytenr;
+    n->buf = g_malloc(t->node_size);
+    ret = t->be->ops->pread(t->be->opaque, bytenr, n->buf, t->node_size);
+    if (ret < 0) {
+        node_free(n);
+        return ret;
+    }
+    ret = extree_node_validate(t, n->buf, bytenr, e, &why);
+    if (ret < 0) {
+        ret = extree_corrupt(t, bytenr, "corrupt %s node at offset 0x%"
+                             PRIx64 ": %s", tree, bytenr, why);
+        g_free(why);
+        node_free(n);
+        return ret;
+    }
+    /* The read may have yielded: someone else may have cached it */
+    if (g_hash_table_lookup(t->cache, &bytenr)) {
+        node_free(n);
+        return extree_node_get(t, bytenr, e, out);
+    }
+    n->refcnt = 1;
+    g_hash_table_insert(t->cache, &n->bytenr, n);
+    t->ncached++;
+    extree_cache_shrink(t);
+    *out = n;
+    return 0;
+}
+
+/* Set the checksum of a node image about to be written */
+void extree_node_finish(Extree *t, uint8_t *buf)
+{
+    ext_st32(buf + EXT_NH_CSUM, extree_crc32c(0, buf + 4, t->node_size - 4));
+}
+
+static gint cmp_bytenr(gconstpointer a, gconstpointer b)
+{
+    const ExtreeNode *x = *(ExtreeNode * const *)a;
+    const ExtreeNode *y = *(ExtreeNode * const *)b;
+    return x->bytenr < y->bytenr ? -1 : x->bytenr > y->bytenr;
+}
+
+/*
+ * Commit step 3: write every dirty node at its (freshly allocated)
+ * location, in offset order.  O(dirty nodes).  The nodes stay dirty until
+ * extree_node_commit_done(), so a failed commit can be retried.
+ */
+int extree_node_write_dirty(Extree *t)
+{
+    GPtrArray *arr = g_ptr_array_sized_new(t->ndirty);
+    int ret = 0;
+
+    for (ExtreeNode *n = t->dirty.next; n != &t->dirty; n = n->next) {
+        g_ptr_array_add(arr, n);
+    }
+    g_ptr_array_sort(arr, cmp_bytenr);
+    for (guint i = 0; i < arr->len; i++) {
+        ExtreeNode *n = arr->pdata[i];
+        /* pinned: the write may yield */
+        extree_node_ref(n);
+        extree_node_finish(t, n->buf);
+        ret = t->be->ops->pwrite(t->be->opaque, n->bytenr, n->buf,
+                                 t->node_size);
+        extree_node_unref(t, n);
+        if (ret < 0) {
+            break;
+        }
+        t->stats.nodes_written++;
+    }
+    g_ptr_array_free(arr, true);
+    return ret;
+}
+
+/* Commit step 7: dirty nodes are now committed, clean and evictable */
+void extree_node_commit_done(Extree *t)
+{
+    while (t->dirty.next != &t->dirty) {
+        ExtreeNode *n = t->dirty.next;
+        list_del(n);
+        n->dirty = false;
+        t->ndirty--;
+        if (n->refcnt == 0) {
+            list_add_tail(&t->lru, n, EXT_LIST_LRU);
+        }
+    }
+    extree_cache_shrink(t);
+}

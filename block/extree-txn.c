@@ -1,0 +1,737 @@
+/*
+ * extree core: superblocks, create, open, close, commit
+ *
+ * Two superblock slots (LMDB's two meta pages): the commit of generation G
+ * writes slot G % 2, so the previous generation stays intact in the other
+ * slot until the new one is durable.  Open takes the valid slot with the
+ * highest generation; a torn newer slot fails its checksum and the older
+ * one is used.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include <stddef.h>
+
+#include "extree-int.h"
+
+/* CPU view of ExtreeDiskSuper */
+typedef struct ExtreeSuper {
+    uint64_t generation, incompat, compat, autoclear;
+    uint64_t virtual_size, host_end;
+    uint32_t block_size, node_size;
+    uint64_t root[2], root_gen[2];
+    unsigned root_level[2];
+    uint64_t extent_count, free_bytes;
+    char backing_file[EXTREE_BACKING_FILE_MAX + 1];
+    char backing_fmt[EXTREE_BACKING_FMT_MAX + 1];
+} ExtreeSuper;
+
+#define SB_OFF(f) offsetof(ExtreeDiskSuper, f)
+
+static uint32_t sb_csum(const uint8_t *buf)
+{
+    uint8_t zero[4] = { 0 };
+    uint32_t c = extree_crc32c(0, buf, SB_OFF(csum));
+    c = extree_crc32c(c, zero, 4);
+    return extree_crc32c(c, buf + SB_OFF(csum) + 4,
+                         EXTREE_SB_SIZE - SB_OFF(csum) - 4);
+}
+
+static void root_encode(uint8_t *p, uint64_t bytenr, uint64_t gen,
+                        unsigned level)
+{
+    ext_st64(p, bytenr);
+    ext_st64(p + 8, gen);
+    p[16] = level;
+}
+
+static void sb_encode(const ExtreeSuper *s, uint8_t *buf)
+{
+    size_t flen = strlen(s->backing_file), mlen = strlen(s->backing_fmt);
+
+    memset(buf, 0, EXTREE_SB_SIZE);
+    ext_st64(buf + SB_OFF(magic), EXTREE_MAGIC);
+    ext_st32(buf + SB_OFF(version), EXTREE_VERSION);
+    ext_st32(buf + SB_OFF(sb_size), EXTREE_SB_SIZE);
+    ext_st64(buf + SB_OFF(generation), s->generation);
+    ext_st64(buf + SB_OFF(incompat_features), s->incompat);
+    ext_st64(buf + SB_OFF(compat_features), s->compat);
+    ext_st64(buf + SB_OFF(autoclear_features), s->autoclear);
+    ext_st64(buf + SB_OFF(virtual_size), s->virtual_size);
+    ext_st32(buf + SB_OFF(block_size), s->block_size);
+    ext_st32(buf + SB_OFF(node_size), s->node_size);
+    ext_st64(buf + SB_OFF(host_end), s->host_end);
+    root_encode(buf + SB_OFF(extent_root), s->root[0], s->root_gen[0],
+                s->root_level[0]);
+    root_encode(buf + SB_OFF(free_root), s->root[1], s->root_gen[1],
+                s->root_level[1]);
+    ext_st64(buf + SB_OFF(extent_count), s->extent_count);
+    ext_st64(buf + SB_OFF(free_bytes), s->free_bytes);
+    buf[SB_OFF(backing_file_len)] = flen & 0xff;
+    buf[SB_OFF(backing_file_len) + 1] = flen >> 8;
+    buf[SB_OFF(backing_fmt_len)] = mlen & 0xff;
+    buf[SB_OFF(backing_fmt_len) + 1] = mlen >> 8;
+    memcpy(buf + SB_OFF(backing_fmt), s->backing_fmt, mlen);
+    memcpy(buf + SB_OFF(backing_file), s->backing_file, flen);
+    ext_st32(buf + SB_OFF(csum), sb_csum(buf));
+}
+
+static bool is_pow2_in(uint64_t v, uint64_t lo, uint64_t hi)
+{
+    return v >= lo && v <= hi && (v & (v - 1)) == 0;
+}
+
+/*
+ * Decode and validate a superblock slot.  -EINVAL (bad magic or field),
+ * -ENOTSUP (version), -EIO (checksum); *@why says what.
+ */
+static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why)
+{
+    uint64_t magic = ext_ld64(buf + SB_OFF(magic));
+    uint32_t version = ext_ld32(buf + SB_OFF(version));
+    uint32_t csum = ext_ld32(buf + SB_OFF(csum)), want;
+    uint64_t data_start;
+    unsigned flen, mlen;
+
+    if (magic != EXTREE_MAGIC) {
+        *why = g_strdup_printf("bad magic, have 0x%016" PRIx64 " expect 0x%016"
+                               PRIx64, magic, (uint64_t)EXTREE_MAGIC);
+        return -EINVAL;
+    }
+    want = sb_csum(buf);
+    if (csum != want) {
+        *why = g_strdup_printf("bad checksum, have 0x%08x expect 0x%08x",
+                               csum, want);
+        return -EIO;
+    }
+    if (version != EXTREE_VERSION) {
+        *why = g_strdup_printf("unsupported version, have %u expect %u",
+                               version, EXTREE_VERSION);
+        return -ENOTSUP;
+    }
+    if (ext_ld32(buf + SB_OFF(sb_size)) != EXTREE_SB_SIZE) {
+        *why = g_strdup_printf("bad sb_size, have %u expect %u",
+                               ext_ld32(buf + SB_OFF(sb_size)),
+                               EXTREE_SB_SIZE);
+        return -EINVAL;
+    }
+    memset(s, 0, sizeof(*s));
+    s->generation = ext_ld64(buf + SB_OFF(generation));
+    s->incompat = ext_ld64(buf + SB_OFF(incompat_features));
+    s->compat = ext_ld64(buf + SB_OFF(compat_features));
+    s->autoclear = ext_ld64(buf + SB_OFF(autoclear_features));
+    s->virtual_size = ext_ld64(buf + SB_OFF(virtual_size));
+    s->block_size = ext_ld32(buf + SB_OFF(block_size));
+    s->node_size = ext_ld32(buf + SB_OFF(node_size));
+    s->host_end = ext_ld64(buf + SB_OFF(host_end));
+    for (int i = 0; i < 2; i++) {
+        const uint8_t *r = buf + (i ? SB_OFF(free_root) : SB_OFF(extent_root));
+        s->root[i] = ext_ld64(r);
+        s->root_gen[i] = ext_ld64(r + 8);
+        s->root_level[i] = r[16];
+    }
+    s->extent_count = ext_ld64(buf + SB_OFF(extent_count));
+    s->free_bytes = ext_ld64(buf + SB_OFF(free_bytes));
+    flen = buf[SB_OFF(backing_file_len)] |
+           (buf[SB_OFF(backing_file_len) + 1] << 8);
+    mlen = buf[SB_OFF(backing_fmt_len)] |
+           (buf[SB_OFF(backing_fmt_len) + 1] << 8);
+
+    if (s->generation == 0) {
+        *why = g_strdup("bad generation 0");
+        return -EINVAL;
+    }
+    if (!is_pow2_in(s->block_size, EXTREE_MIN_BLOCK_SIZE,
+                    EXTREE_MAX_BLOCK_SIZE)) {
+        *why = g_strdup_printf("bad block_size %u", s->block_size);
+        return -EINVAL;
+    }
+    if (!is_pow2_in(s->node_size, EXTREE_MIN_NODE_SIZE,
+                    EXTREE_MAX_NODE_SIZE) || s->node_size < s->block_size) {
+        *why = g_strdup_printf("bad node_size %u (block_size %u)",
+                               s->node_size, s->block_size);
+        return -EINVAL;
+    }
+    if (s->virtual_size % 512 || s->virtual_size > EXTREE_MAX_VIRTUAL_SIZE) {
+        *why = g_strdup_printf("bad virtual_size 0x%" PRIx64,
+                               s->virtual_size);
+        return -EINVAL;
+    }
+    data_start = EXTREE_ROUND_UP(EXTREE_SB_AREA, s->block_size);
+    if (!EXTREE_IS_ALIGNED(s->host_end, s->block_size) ||
+        s->host_end < data_start + s->node_size ||
+        s->host_end > (uint64_t)INT64_MAX) {
+        *why = g_strdup_printf("bad host_end 0x%" PRIx64, s->host_end);
+        return -EINVAL;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (!EXTREE_IS_ALIGNED(s->root[i], s->block_size) ||
+            s->root[i] < data_start || s->root[i] >= s->host_end ||
+            s->host_end - s->root[i] < s->node_size ||
+            s->root_gen[i] == 0 || s->root_gen[i] > s->generation ||
+            s->root_level[i] >= EXTREE_MAX_LEVELS) {
+            *why = g_strdup_printf("bad %s root, have offset 0x%" PRIx64
+                                   " generation %" PRIu64 " level %u",
+                                   i ? "free tree" : "extent tree",
+                                   s->root[i], s->root_gen[i],
+                                   s->root_level[i]);
+            return -EINVAL;
+        }
+    }
+    if (s->extent_count > s->virtual_size / s->block_size + 1) {
+        *why = g_strdup_printf("bad extent_count %" PRIu64, s->extent_count);
+        return -EINVAL;
+    }
+    if (s->free_bytes > s->host_end - data_start ||
+        !EXTREE_IS_ALIGNED(s->free_bytes, s->block_size)) {
+        *why = g_strdup_printf("bad free_bytes 0x%" PRIx64, s->free_bytes);
+        return -EINVAL;
+    }
+    if (flen > EXTREE_BACKING_FILE_MAX || mlen > EXTREE_BACKING_FMT_MAX ||
+        memchr(buf + SB_OFF(backing_file), 0, flen) ||
+        memchr(buf + SB_OFF(backing_fmt), 0, mlen) || (mlen && !flen)) {
+        *why = g_strdup_printf("bad backing file name (length %u, format "
+                               "length %u)", flen, mlen);
+        return -EINVAL;
+    }
+    memcpy(s->backing_file, buf + SB_OFF(backing_file), flen);
+    memcpy(s->backing_fmt, buf + SB_OFF(backing_fmt), mlen);
+    return 0;
+}
+
+/* The superblock describing the in-memory state */
+static void super_from_tree(Extree *t, ExtreeSuper *s)
+{
+    memset(s, 0, sizeof(*s));
+    s->generation = t->trans_gen;
+    s->incompat = t->incompat;
+    s->compat = t->compat;
+    s->virtual_size = t->virtual_size;
+    s->block_size = t->block_size;
+    s->node_size = t->node_size;
+    s->host_end = t->host_end;
+    for (int i = 0; i < 2; i++) {
+        s->root[i] = t->trees[i].root;
+        s->root_gen[i] = t->trees[i].root_gen;
+        s->root_level[i] = t->trees[i].level;
+    }
+    s->extent_count = t->trees[EXT_TREE_EXTENT].nitems;
+    s->free_bytes = t->trees[EXT_TREE_FREE].total;
+    g_strlcpy(s->backing_file, t->backing_file ? t->backing_file : "",
+              sizeof(s->backing_file));
+    g_strlcpy(s->backing_fmt, t->backing_fmt ? t->backing_fmt : "",
+              sizeof(s->backing_fmt));
+}
+
+static int write_super(ExtreeBackend *be, const ExtreeSuper *s)
+{
+    uint8_t *buf = g_malloc(EXTREE_SB_SIZE);
+    int ret;
+
+    sb_encode(s, buf);
+    ret = be->ops->pwrite(be->opaque, (s->generation % 2) * EXTREE_SB_SIZE,
+                          buf, EXTREE_SB_SIZE);
+    g_free(buf);
+    return ret;
+}
+
+static int check_backing(const char *file, const char *fmt, char **errmsg)
+{
+    if (file && strlen(file) > EXTREE_BACKING_FILE_MAX) {
+        *errmsg = g_strdup_printf("Backing file name too long (max %d bytes)",
+                                  EXTREE_BACKING_FILE_MAX);
+        return -EINVAL;
+    }
+    if (fmt && strlen(fmt) > EXTREE_BACKING_FMT_MAX) {
+        *errmsg = g_strdup_printf("Backing format name too long (max %d "
+                                  "bytes)", EXTREE_BACKING_FMT_MAX);
+        return -EINVAL;
+    }
+    if (fmt && *fmt && !(file && *file)) {
+        *errmsg = g_strdup("Backing format given without a backing file");
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/*
+ * Create: two empty leaf roots right after the superblocks, then the
+ * superblock (generation 1) in both slots, so that a torn first commit
+ * (generation 2, slot 0) still falls back to generation 1 in slot 1.
+ */
+int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
+                  char **errmsg)
+{
+    uint32_t bs = p->block_size ? p->block_size : EXTREE_DEFAULT_BLOCK_SIZE;
+    uint32_t ns = p->node_size ? p->node_size : EXTREE_DEFAULT_NODE_SIZE;
+    uint64_t data_start;
+    ExtreeSuper s;
+    uint8_t *node, *buf;
+    int ret;
+
+    *errmsg = NULL;
+    if (!is_pow2_in(bs, EXTREE_MIN_BLOCK_SIZE, EXTREE_MAX_BLOCK_SIZE)) {
+        *errmsg = g_strdup_printf("Block size must be a power of two between "
+                                  "%d and %d", EXTREE_MIN_BLOCK_SIZE,
+                                  EXTREE_MAX_BLOCK_SIZE);
+        return -EINVAL;
+    }
+    if (!is_pow2_in(ns, EXTREE_MIN_NODE_SIZE, EXTREE_MAX_NODE_SIZE) ||
+        ns < bs) {
+        *errmsg = g_strdup_printf("Node size must be a power of two between "
+                                  "%d and %d and at least the block size",
+                                  EXTREE_MIN_NODE_SIZE, EXTREE_MAX_NODE_SIZE);
+        return -EINVAL;
+    }
+    if (p->virtual_size % 512 || p->virtual_size > EXTREE_MAX_VIRTUAL_SIZE) {
+        *errmsg = g_strdup_printf("Virtual size must be a multiple of 512 and"
+                                  " at most %" PRIu64,
+                                  (uint64_t)EXTREE_MAX_VIRTUAL_SIZE);
+        return -EINVAL;
+    }
+    ret = check_backing(p->backing_file, p->backing_fmt, errmsg);
+    if (ret < 0) {
+        return ret;
+    }
+
+    data_start = EXTREE_ROUND_UP(EXTREE_SB_AREA, bs);
+    memset(&s, 0, sizeof(s));
+    s.generation = 1;
+    s.virtual_size = p->virtual_size;
+    s.block_size = bs;
+    s.node_size = ns;
+    s.host_end = data_start + 2 * (uint64_t)ns;
+    for (int i = 0; i < 2; i++) {
+        s.root[i] = data_start + i * (uint64_t)ns;
+        s.root_gen[i] = 1;
+    }
+    g_strlcpy(s.backing_file, p->backing_file ? p->backing_file : "",
+              sizeof(s.backing_file));
+    g_strlcpy(s.backing_fmt, p->backing_fmt ? p->backing_fmt : "",
+              sizeof(s.backing_fmt));
+
+    node = g_malloc0(ns);
+    buf = g_malloc(EXTREE_SB_SIZE);
+    for (int i = 0; i < 2 && ret == 0; i++) {
+        memset(node, 0, ns);
+        ext_st32(node + EXT_NH_MAGIC, EXTREE_NODE_MAGIC);
+        ext_st64(node + EXT_NH_BYTENR, s.root[i]);
+        ext_st64(node + EXT_NH_GEN, 1);
+        ext_st32(node + EXT_NH_OWNER, i ? EXTREE_TREE_FREE
+                                        : EXTREE_TREE_EXTENT);
+        ext_st32(node + EXT_NH_CSUM, extree_crc32c(0, node + 4, ns - 4));
+        ret = be->ops->pwrite(be->opaque, s.root[i], node, ns);
+    }
+    if (ret == 0) {
+        ret = be->ops->flush(be->opaque);
+    }
+    sb_encode(&s, buf);
+    for (int slot = 0; slot < 2 && ret == 0; slot++) {
+        ret = be->ops->pwrite(be->opaque, slot * EXTREE_SB_SIZE, buf,
+                              EXTREE_SB_SIZE);
+    }
+    if (ret == 0) {
+        ret = be->ops->flush(be->opaque);
+    }
+    g_free(node);
+    g_free(buf);
+    if (ret < 0) {
+        *errmsg = g_strdup_printf("Could not write the new image: %s",
+                                  g_strerror(-ret));
+    }
+    return ret;
+}
+
+static void tree_init(ExtreeTree *tree, uint32_t owner, const ExtreeSuper *s,
+                      int i)
+{
+    tree->owner = owner;
+    tree->root = s->root[i];
+    tree->root_gen = s->root_gen[i];
+    tree->level = s->root_level[i];
+    tree->nitems = 0;
+    tree->total = 0;
+}
+
+int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
+                char **errmsg)
+{
+    ExtreeOpenOptions defaults = { 0 };
+    ExtreeSuper sb[2];
+    char *why[2] = { NULL, NULL };
+    int rc[2], best = -1, ret;
+    uint8_t *buf = g_malloc(EXTREE_SB_SIZE);
+    Extree *t;
+
+    *out = NULL;
+    *errmsg = NULL;
+    if (!o) {
+        o = &defaults;
+    }
+    for (int i = 0; i < 2; i++) {
+        rc[i] = be->ops->pread(be->opaque, i * EXTREE_SB_SIZE, buf,
+                               EXTREE_SB_SIZE);
+        if (rc[i] < 0) {
+            why[i] = g_strdup_printf("read error: %s", g_strerror(-rc[i]));
+        } else {
+            rc[i] = sb_decode(buf, &sb[i], &why[i]);
+        }
+        if (rc[i] == 0 && (best < 0 || sb[i].generation > sb[best].generation)) {
+            best = i;
+        }
+    }
+    g_free(buf);
+    if (best < 0) {
+        /* Neither slot: report slot 0's problem first, it has the magic */
+        ret = rc[0];
+        if (rc[0] == -EINVAL && rc[1] != -EINVAL) {
+            ret = rc[1];
+        }
+        *errmsg = g_strdup_printf("corrupt superblock at offset 0x0: %s; "
+                                  "corrupt superblock at offset 0x1000: %s",
+                                  why[0], why[1]);
+        g_free(why[0]);
+        g_free(why[1]);
+        return ret;
+    }
+    g_free(why[0]);
+    g_free(why[1]);
+
+    if (sb[best].incompat & ~EXTREE_INCOMPAT_MASK) {
+        *errmsg = g_strdup_printf("Unsupported incompatible features 0x%"
+                                  PRIx64, (uint64_t)(sb[best].incompat &
+                                  ~EXTREE_INCOMPAT_MASK));
+        return -ENOTSUP;
+    }
+    if ((sb[best].incompat & EXTREE_INCOMPAT_CORRUPT) && !o->read_only) {
+        *errmsg = g_strdup("Image is marked corrupt; it can only be opened "
+                           "read-only");
+        return -EACCES;
+    }
+
+    t = g_new0(Extree, 1);
+    t->be = be;
+    t->read_only = o->read_only;
+    t->block_size = sb[best].block_size;
+    t->node_size = sb[best].node_size;
+    t->leaf_cap = EXTREE_LEAF_CAPACITY(t->node_size);
+    t->ptr_cap = EXTREE_INTERIOR_CAPACITY(t->node_size);
+    t->virtual_size = sb[best].virtual_size;
+    t->host_end = sb[best].host_end;
+    t->data_start = EXTREE_ROUND_UP(EXTREE_SB_AREA, t->block_size);
+    t->generation = sb[best].generation;
+    t->trans_gen = t->generation + 1;
+    t->incompat = sb[best].incompat;
+    t->compat = sb[best].compat;
+    t->backing_file = sb[best].backing_file[0] ?
+                      g_strdup(sb[best].backing_file) : NULL;
+    t->backing_fmt = sb[best].backing_fmt[0] ?
+                     g_strdup(sb[best].backing_fmt) : NULL;
+    tree_init(&t->trees[EXT_TREE_EXTENT], EXTREE_TREE_EXTENT, &sb[best], 0);
+    tree_init(&t->trees[EXT_TREE_FREE], EXTREE_TREE_FREE, &sb[best], 1);
+    t->trees[EXT_TREE_EXTENT].nitems = sb[best].extent_count;
+    t->csb = g_new(ExtreeSuper, 1);
+    *t->csb = sb[best];
+    t->cache_limit = MAX((o->cache_size ? o->cache_size
+                          : EXTREE_DEFAULT_CACHE_SIZE) / t->node_size, 32);
+    t->dirty_limit = MAX((o->dirty_limit ? o->dirty_limit
+                          : EXTREE_DEFAULT_DIRTY_LIMIT) / t->node_size, 16);
+    /* a changed autoclear bit is cleared by the next commit */
+    t->super_dirty = sb[best].autoclear != 0 && !t->read_only;
+    extree_cache_init(t);
+    extree_alloc_init(t);
+
+    ret = extree_alloc_load(t, sb[best].free_bytes);
+    if (ret == 0) {
+        /* The extent root only: a bad root fails open, not the first read */
+        ExtreeNodeExpect e;
+        ExtreeNode *n;
+        extree_tree_expect(t, &t->trees[EXT_TREE_EXTENT], &e);
+        ret = extree_node_get(t, t->trees[EXT_TREE_EXTENT].root, &e, &n);
+        if (ret == 0) {
+            extree_node_unref(t, n);
+        }
+    }
+    if (ret < 0) {
+        *errmsg = g_strdup(t->last_error ? t->last_error
+                                         : g_strerror(-ret));
+        extree_close(t);
+        return ret;
+    }
+    *out = t;
+    return 0;
+}
+
+void extree_close(Extree *t)
+{
+    if (!t) {
+        return;
+    }
+    extree_cache_destroy(t);
+    extree_alloc_destroy(t);
+    g_free(t->backing_file);
+    g_free(t->backing_fmt);
+    g_free(t->csb);
+    g_free(t->last_error);
+    g_free(t);
+}
+
+bool extree_is_dirty(const Extree *t)
+{
+    return t->ndirty > 0 || t->super_dirty || t->oplog->len > 0;
+}
+
+/*
+ * Commit generation G + 1 (G = t->generation).  The order is the crash
+ * safety argument: nothing reachable from a durable superblock is ever
+ * overwritten, and a superblock is written only after everything it points
+ * to is durable.
+ */
+int extree_commit(Extree *t)
+{
+    ExtreeSuper s;
+    int ret;
+
+    /* 1. Nothing to do */
+    if (!extree_is_dirty(t)) {
+        return 0;
+    }
+    if (t->read_only) {
+        return -EROFS;
+    }
+    if (t->broken) {
+        return -EIO;
+    }
+    t->in_commit = true;
+
+    /* 2. The free tree takes in this transaction's allocations and frees
+     *    (pending frees are free in G + 1); loops to a fixed point.  A
+     *    failure here leaves the trees half-synced: give up on them. */
+    ret = extree_alloc_sync(t);
+    if (ret < 0) {
+        t->broken = true;
+        goto fail;
+    }
+
+    /* 3. Every dirty node to its new location (never part of G) */
+    ret = extree_node_write_dirty(t);
+    if (ret < 0) {
+        goto fail;
+    }
+
+    /* 4. Nodes, and guest data written before this commit, durable before
+     *    a superblock points at them */
+    ret = t->be->ops->flush(t->be->opaque);
+    if (ret < 0) {
+        goto fail;
+    }
+
+    /* 5. Superblock G + 1 into slot (G + 1) % 2; slot G % 2 keeps G */
+    super_from_tree(t, &s);
+    ret = write_super(t->be, &s);
+    if (ret < 0) {
+        goto fail;
+    }
+
+    /* 6. G + 1 durable */
+    ret = t->be->ops->flush(t->be->opaque);
+    if (ret < 0) {
+        goto fail;
+    }
+
+    /* 7. Only now may space freed in G + 1 be reused */
+    extree_alloc_commit_done(t);
+    extree_node_commit_done(t);
+    *t->csb = s;
+    t->generation = t->trans_gen;
+    t->trans_gen++;
+    t->super_dirty = false;
+    t->stats.commits++;
+
+fail:
+    t->in_commit = false;
+    return ret;
+}
+
+void extree_set_corrupt_handler(Extree *t, ExtreeCorruptFn *fn, void *opaque)
+{
+    t->corrupt_fn = fn;
+    t->corrupt_opaque = opaque;
+}
+
+const char *extree_last_error(const Extree *t)
+{
+    return t->last_error;
+}
+
+int extree_mark_corrupt(Extree *t)
+{
+    ExtreeSuper s = *t->csb;
+    int ret;
+
+    t->incompat |= EXTREE_INCOMPAT_CORRUPT;
+    t->broken = true;
+    if (t->read_only) {
+        return 0;
+    }
+    s.generation = t->generation + 1;
+    s.incompat |= EXTREE_INCOMPAT_CORRUPT;
+    ret = write_super(t->be, &s);
+    if (ret == 0) {
+        ret = t->be->ops->flush(t->be->opaque);
+    }
+    if (ret == 0) {
+        *t->csb = s;
+        t->generation = s.generation;
+        t->trans_gen = s.generation + 1;
+    }
+    return ret;
+}
+
+uint64_t extree_virtual_size(const Extree *t)
+{
+    return t->virtual_size;
+}
+
+uint32_t extree_block_size(const Extree *t)
+{
+    return t->block_size;
+}
+
+uint32_t extree_node_size(const Extree *t)
+{
+    return t->node_size;
+}
+
+uint64_t extree_generation(const Extree *t)
+{
+    return t->generation;
+}
+
+uint64_t extree_extent_count(const Extree *t)
+{
+    return t->trees[EXT_TREE_EXTENT].nitems;
+}
+
+unsigned extree_depth(const Extree *t)
+{
+    return t->trees[EXT_TREE_EXTENT].level + 1;
+}
+
+uint64_t extree_free_bytes(const Extree *t)
+{
+    return t->avail_bytes + t->pending_bytes;
+}
+
+uint64_t extree_host_end(const Extree *t)
+{
+    return t->host_end;
+}
+
+uint64_t extree_data_start(const Extree *t)
+{
+    return t->data_start;
+}
+
+uint64_t extree_incompat_features(const Extree *t)
+{
+    return t->incompat;
+}
+
+const char *extree_backing_file(const Extree *t)
+{
+    return t->backing_file;
+}
+
+const char *extree_backing_fmt(const Extree *t)
+{
+    return t->backing_fmt;
+}
+
+int extree_set_backing(Extree *t, const char *file, const char *fmt)
+{
+    char *msg = NULL;
+    int ret;
+
+    if (t->read_only) {
+        return -EROFS;
+    }
+    ret = check_backing(file, fmt, &msg);
+    g_free(msg);
+    if (ret < 0) {
+        return ret;
+    }
+    g_free(t->backing_file);
+    g_free(t->backing_fmt);
+    t->backing_file = file && *file ? g_strdup(file) : NULL;
+    t->backing_fmt = fmt && *fmt ? g_strdup(fmt) : NULL;
+    t->super_dirty = true;
+    return 0;
+}
+
+/* Shrinking punches the cut-off range first: O(extents removed) */
+int extree_set_virtual_size(Extree *t, uint64_t size)
+{
+    uint64_t new_end = EXTREE_ROUND_UP(size, t->block_size);
+    uint64_t old_end = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
+
+    if (t->read_only) {
+        return -EROFS;
+    }
+    if (t->broken) {
+        return -EIO;
+    }
+    if (size % 512 || size > EXTREE_MAX_VIRTUAL_SIZE) {
+        return -EINVAL;
+    }
+    if (new_end < old_end) {
+        ExtreeItem none = { 0 };
+        int ret = extree_bt_replace(t, &t->trees[EXT_TREE_EXTENT], &none,
+                                    new_end, old_end - new_end);
+        if (ret < 0) {
+            t->broken = true;
+            return ret;
+        }
+    }
+    t->virtual_size = size;
+    t->super_dirty = true;
+    return extree_maybe_commit(t);
+}
+
+void extree_stats(const Extree *t, ExtreeStats *st)
+{
+    *st = t->stats;
+    st->cached_nodes = t->ncached;
+    st->dirty_nodes = t->ndirty;
+}
+
+/*
+ * Bound for qemu-img measure: both trees at half-full nodes, twice (the
+ * copies of one transaction coexist with the committed nodes), plus the
+ * superblocks.
+ */
+uint64_t extree_metadata_bound(uint64_t virtual_size, uint32_t block_size,
+                               uint32_t node_size, uint64_t nr_extents)
+{
+    uint32_t bs = block_size ? block_size : EXTREE_DEFAULT_BLOCK_SIZE;
+    uint32_t ns = node_size ? node_size : EXTREE_DEFAULT_NODE_SIZE;
+    uint64_t per_leaf = EXTREE_LEAF_CAPACITY(ns) / 2;
+    uint64_t per_ptr = EXTREE_INTERIOR_CAPACITY(ns) / 2;
+    uint64_t items = nr_extents ? nr_extents
+                                : (virtual_size + bs - 1) / bs + 1;
+    uint64_t nodes = 0;
+
+    /* extent tree plus a free tree of at most as many items */
+    for (int tree = 0; tree < 2; tree++) {
+        uint64_t level = (items + per_leaf - 1) / per_leaf;
+        nodes += MAX(level, 1);
+        while (level > 1) {
+            level = (level + per_ptr - 1) / per_ptr;
+            nodes += level;
+        }
+    }
+    return EXTREE_ROUND_UP(EXTREE_SB_AREA, bs) + 2 * nodes * ns +
+           32 * (uint64_t)ns;
+}

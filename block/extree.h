@@ -1,0 +1,260 @@
+/*
+ * extree core: in-memory types and public API
+ *
+ * extree maps guest ranges to host extents with a copy-on-write B+tree
+ * (include/block/extree-format.h).  This header is all the QEMU driver and
+ * the tools see; the layers below talk through block/extree-int.h.
+ *
+ *   backend (pread/pwrite/flush, supplied by the caller)
+ *     -> node    cache, read + validate once, write at commit  (extree-node.c)
+ *     -> txn     superblocks, create/open/commit                (extree-txn.c)
+ *     -> alloc   free space, pending frees, free-tree sync      (extree-alloc.c)
+ *     -> btree   path, search, insert/split, delete/merge       (extree-btree.c)
+ *     -> check   the checker behind qemu-img check              (extree-check.c)
+ *
+ * Locking: the core is not thread-safe: the caller serializes all calls
+ * (QEMU: s->lock, a CoMutex); backend calls may yield.  Nodes are pinned
+ * (reference counted) across backend calls, so no raw pointer into an
+ * unpinned cache entry is kept across a call that may yield.
+ *
+ * All functions return 0 or -errno unless stated otherwise.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#ifndef BLOCK_EXTREE_H
+#define BLOCK_EXTREE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "block/extree-format.h"
+
+/* ---- Backend: the only way the core does I/O ---- */
+
+typedef struct ExtreeBackendOps {
+    int (*pread)(void *opaque, uint64_t offset, void *buf, uint64_t bytes);
+    int (*pwrite)(void *opaque, uint64_t offset, const void *buf,
+                  uint64_t bytes);
+    int (*flush)(void *opaque);
+    int (*truncate)(void *opaque, uint64_t size);      /* may be NULL */
+    int (*discard)(void *opaque, uint64_t offset,
+                   uint64_t bytes);                    /* may be NULL */
+    int64_t (*get_length)(void *opaque);
+} ExtreeBackendOps;
+
+typedef struct ExtreeBackend {
+    const ExtreeBackendOps *ops;
+    void *opaque;
+} ExtreeBackend;
+
+/* ---- Transactions: create, open, commit ---- */
+
+typedef struct Extree Extree;                   /* opaque */
+
+typedef struct ExtreeCreateParams {
+    uint64_t virtual_size;                      /* multiple of 512 */
+    uint32_t block_size, node_size;             /* 0 = default */
+    const char *backing_file, *backing_fmt;     /* may be NULL */
+} ExtreeCreateParams;
+
+typedef struct ExtreeOpenOptions {
+    bool read_only;
+    uint64_t cache_size;        /* bytes of node cache, 0 = 32 MiB */
+    uint64_t dirty_limit;       /* dirty metadata bytes before a forced
+                                 * commit, 0 = 16 MiB */
+} ExtreeOpenOptions;
+
+#define EXTREE_DEFAULT_CACHE_SIZE   (32 * 1024 * 1024)
+#define EXTREE_DEFAULT_DIRTY_LIMIT  (16 * 1024 * 1024)
+
+typedef void ExtreeCorruptFn(void *opaque, uint64_t offset, const char *msg);
+
+/*
+ * Validate @p (message in *@errmsg, g_malloc'd), write an empty extent
+ * tree and free tree and both superblock slots (generation 1), flush.
+ */
+int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
+                  char **errmsg);
+
+/*
+ * Pick the valid superblock with the highest generation (a torn newer slot
+ * falls back to the older one), validate every field, load the free-space
+ * tree: O(free items); the extent tree is not walked.
+ * Unknown incompat bits: -ENOTSUP.  CORRUPT bit: -EACCES unless read-only.
+ */
+int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
+                char **errmsg);
+
+/* Free all memory.  Does NOT commit: uncommitted changes are lost. */
+void extree_close(Extree *t);
+
+/*
+ * Make every change since the last commit durable: sync the free tree,
+ * write dirty nodes, flush, write the other superblock slot, flush.
+ * No-op if nothing is dirty.  O(dirty nodes + allocations since commit).
+ */
+int extree_commit(Extree *t);
+bool extree_is_dirty(const Extree *t);
+
+/*
+ * @fn is called once per detected corruption with the host offset of the
+ * damaged structure and "corrupt <structure> at offset 0x..: <reason>";
+ * the failing call returns -EIO.  Without a handler the message is only
+ * recorded (extree_last_error).
+ */
+void extree_set_corrupt_handler(Extree *t, ExtreeCorruptFn *fn, void *opaque);
+const char *extree_last_error(const Extree *t);
+
+/* Write a new superblock generation with INCOMPAT_CORRUPT set (committed
+ * trees, uncommitted changes dropped); later updates fail with -EIO. */
+int extree_mark_corrupt(Extree *t);
+
+/* Read-only accessors, O(1) */
+uint64_t extree_virtual_size(const Extree *t);
+uint32_t extree_block_size(const Extree *t);
+uint32_t extree_node_size(const Extree *t);
+uint64_t extree_generation(const Extree *t);        /* last committed */
+uint64_t extree_extent_count(const Extree *t);
+unsigned extree_depth(const Extree *t);             /* levels, >= 1 */
+uint64_t extree_free_bytes(const Extree *t);
+uint64_t extree_host_end(const Extree *t);
+uint64_t extree_data_start(const Extree *t);        /* ROUND_UP(8192, bs) */
+uint64_t extree_incompat_features(const Extree *t);
+const char *extree_backing_file(const Extree *t);   /* NULL if none */
+const char *extree_backing_fmt(const Extree *t);    /* NULL if none */
+
+/* Dirty the superblock; committed by the next commit */
+int extree_set_backing(Extree *t, const char *file, const char *fmt);
+/* Grow: just sets.  Shrink: punches [ROUND_UP(size, bs), old end) first.
+ * O(extents removed). */
+int extree_set_virtual_size(Extree *t, uint64_t size);
+
+/* Debug and benchmark counters, cumulative since open */
+typedef struct ExtreeStats {
+    uint64_t descents;          /* root-to-leaf searches */
+    uint64_t next_leaf;         /* leaf steps that re-used the path */
+    uint64_t cache_hits;
+    uint64_t cache_misses;      /* = nodes read from the backend */
+    uint64_t evictions;
+    uint64_t cows;              /* nodes copied on write */
+    uint64_t nodes_written;
+    uint64_t commits;
+    uint64_t forced_commits;    /* by dirty_limit */
+    uint64_t cached_nodes;      /* current */
+    uint64_t dirty_nodes;       /* current */
+} ExtreeStats;
+void extree_stats(const Extree *t, ExtreeStats *st);
+
+/* ---- Mapping ---- */
+
+typedef enum {
+    EXTREE_RUN_UNALLOC = 0,
+    EXTREE_RUN_DATA = 1,
+    EXTREE_RUN_ZERO = 2,
+} ExtreeRunType;
+
+typedef struct ExtreeRun {
+    uint64_t guest, length, host;   /* host valid for DATA only */
+    ExtreeRunType type;
+} ExtreeRun;
+
+/*
+ * A position in a tree: nodes[level] (pinned) and slots[level], btrfs
+ * style.  Fields private to the core.
+ */
+struct ExtreeNode;
+typedef struct ExtreePath {
+    struct ExtreeNode *nodes[EXTREE_MAX_LEVELS];
+    int slots[EXTREE_MAX_LEVELS];
+} ExtreePath;
+
+/*
+ * Cursor: lives in caller memory, no allocation per query.  A query at an
+ * offset >= the end of the previous answer, with the tree unchanged
+ * (modification sequence number), continues on the current leaf
+ * (slots[0]++, next leaf through the parent path); anything else descends
+ * once.  Holds pins on its path: call extree_cursor_release() before the
+ * Extree is closed.  Fields private by convention.
+ */
+typedef struct ExtreeCursor {
+    Extree *t;
+    uint64_t seq;               /* t's modification count when positioned */
+    uint64_t pos;               /* items before the slot end <= pos */
+    bool valid;
+    ExtreePath path;
+} ExtreeCursor;
+
+void extree_cursor_init(ExtreeCursor *c, Extree *t);
+void extree_cursor_release(ExtreeCursor *c);
+
+#define EXTREE_COALESCE_HOST    0   /* merge DATA only if host-contiguous,
+                                     * ZERO with ZERO */
+#define EXTREE_COALESCE_ALLOC   1   /* merge every adjacent DATA/ZERO item;
+                                     * type and host of the first piece */
+
+/* run->guest = @guest, run->length in (0, @max_bytes], never past the
+ * virtual size.  -EINVAL if @guest >= virtual size or @max_bytes == 0.
+ * O(1) amortized when walking forward, O(log n) otherwise. */
+int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
+                        int coalesce, ExtreeRun *run);
+
+/* Consecutive runs (COALESCE_HOST) covering [guest, guest + bytes), at most
+ * @max_runs of them; *nruns is set to the number filled in. */
+int extree_lookup(Extree *t, uint64_t guest, uint64_t bytes, ExtreeRun *runs,
+                  int max_runs, int *nruns);
+
+/* ---- Updates ----
+ * Guest offsets and lengths must be block-aligned (-EINVAL).  Each call may
+ * end with a forced commit when dirty metadata exceeds dirty_limit.
+ * Space freed here becomes reusable only after the next commit is durable.
+ */
+
+/*
+ * Allocate host space for a guest range without mapping it.  Prefers the
+ * block right after the DATA extent mapping guest - 1 (or right before the
+ * one at guest + bytes) so that sequential writes extend one extent; then
+ * first fit; then the end of the file.  *@got may be < @bytes (the caller
+ * loops).  O(log n).
+ */
+int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
+                      uint64_t *host, uint64_t *got);
+/* Return an allocation that was never mapped */
+int extree_free_data(Extree *t, uint64_t host, uint64_t bytes);
+/* Map guest -> host as DATA, replacing what is there (replaced DATA space
+ * is freed).  O(log n + items replaced). */
+int extree_map_data(Extree *t, uint64_t guest, uint64_t bytes, uint64_t host);
+int extree_set_zero(Extree *t, uint64_t guest, uint64_t bytes);
+int extree_punch(Extree *t, uint64_t guest, uint64_t bytes);
+
+/* ---- Checker ---- */
+
+typedef struct ExtreeCheckResult {
+    uint64_t corruptions, leaks, leaked_bytes, repaired_leaks;
+    uint64_t nodes, extents, free_items;
+    uint64_t data_bytes, metadata_bytes, free_bytes;
+    uint64_t unmerged;          /* adjacent mergeable items: not an error */
+} ExtreeCheckResult;
+
+typedef void ExtreeReportFn(void *opaque, const char *msg);
+
+/*
+ * Commit pending changes (when writable), then read every node of both
+ * trees from the backend (not the cache) and verify it, and verify that
+ * every block of [data_start, host_end) has exactly one owner.  One @report
+ * line per problem.  With @repair_leaks, leaked ranges are added to the free
+ * tree and committed.  O(nodes + items) time and O(items) memory.
+ * Returns 0 when the check ran (even if it found problems).
+ */
+int extree_check(Extree *t, bool repair_leaks, ExtreeCheckResult *res,
+                 ExtreeReportFn *report, void *opaque);
+
+/* Upper bound of metadata bytes for qemu-img measure (@nr_extents 0:
+ * worst case, one extent per block) */
+uint64_t extree_metadata_bound(uint64_t virtual_size, uint32_t block_size,
+                               uint32_t node_size, uint64_t nr_extents);
+
+#endif /* BLOCK_EXTREE_H */
