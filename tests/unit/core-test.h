@@ -1,0 +1,106 @@
+/*
+ * Helpers shared by the core's unit tests (test-node, test-btree, ...)
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#ifndef TESTS_UNIT_CORE_TEST_H
+#define TESTS_UNIT_CORE_TEST_H
+
+#include "extree-int.h"
+#include "extree-backend.h"
+
+static inline Extree *ct_open_opts(ExtreeBackend *be, bool ro,
+                                   uint64_t cache, uint64_t dirty)
+{
+    ExtreeOpenOptions o = { .read_only = ro, .cache_size = cache,
+                            .dirty_limit = dirty };
+    Extree *t = NULL;
+    char *err = NULL;
+    int ret = extree_open(be, &o, &t, &err);
+    if (ret < 0) {
+        g_error("open failed: %s (%s)", g_strerror(-ret), err);
+    }
+    return t;
+}
+
+static inline Extree *ct_open(ExtreeBackend *be)
+{
+    return ct_open_opts(be, false, 0, 0);
+}
+
+static inline ExtreeBackend *ct_create(uint64_t vsize, uint32_t bs,
+                                       uint32_t ns)
+{
+    ExtreeBackend *be = extree_mem_backend_new();
+    ExtreeCreateParams p = { .virtual_size = vsize, .block_size = bs,
+                             .node_size = ns };
+    char *err = NULL;
+    int ret = extree_create(be, &p, &err);
+    if (ret < 0) {
+        g_error("create failed: %s", err);
+    }
+    return be;
+}
+
+/* Map guest range to freshly allocated host space (loops on partial) */
+static inline void ct_write(Extree *t, uint64_t guest, uint64_t bytes)
+{
+    while (bytes) {
+        uint64_t host, got;
+        g_assert_cmpint(extree_alloc_data(t, guest, bytes, &host, &got), ==,
+                        0);
+        g_assert_cmpuint(got, >, 0);
+        g_assert_cmpuint(got, <=, bytes);
+        g_assert_cmpint(extree_map_data(t, guest, got, host), ==, 0);
+        guest += got;
+        bytes -= got;
+    }
+}
+
+typedef struct CtReport {
+    GPtrArray *msgs;
+} CtReport;
+
+static inline void ct_report(void *opaque, const char *msg)
+{
+    CtReport *r = opaque;
+    if (g_test_verbose()) {
+        g_printerr("check: %s\n", msg);
+    }
+    g_ptr_array_add(r->msgs, g_strdup(msg));
+}
+
+static inline bool ct_has_msg(CtReport *r, const char *needle)
+{
+    for (guint i = 0; i < r->msgs->len; i++) {
+        if (strstr(r->msgs->pdata[i], needle)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Run the checker, assert no corruption and no leak */
+static inline void ct_check_clean(Extree *t, ExtreeCheckResult *res)
+{
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeCheckResult local;
+
+    if (!res) {
+        res = &local;
+    }
+    g_assert_cmpint(extree_check(t, false, res, ct_report, &r), ==, 0);
+    if (res->corruptions || res->leaks) {
+        for (guint i = 0; i < r.msgs->len; i++) {
+            g_printerr("check: %s\n", (char *)r.msgs->pdata[i]);
+        }
+    }
+    g_assert_cmpuint(res->corruptions, ==, 0);
+    g_assert_cmpuint(res->leaks, ==, 0);
+    g_ptr_array_free(r.msgs, true);
+}
+
+#endif

@@ -1,0 +1,363 @@
+/*
+ * Unit tests: B+tree insert/split/merge/delete and the cursor, against a
+ * per-block array model.  Small nodes (4 KiB, 126 items a leaf) and 512-byte
+ * blocks give deep trees quickly.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "core-test.h"
+
+#define BS 512
+#define NS 4096
+
+typedef struct Blk {
+    uint8_t type;               /* ExtreeRunType */
+    uint64_t host;
+} Blk;
+
+typedef struct Model {
+    uint64_t nblocks;
+    Blk *b;
+} Model;
+
+static void model_check(Extree *t, Model *m)
+{
+    ExtreeCursor c;
+    uint64_t g = 0, vs = m->nblocks * BS, items = 0;
+    ExtreeStats before, after;
+
+    /* The extent count equals the number of maximal mergeable runs */
+    for (uint64_t i = 0; i < m->nblocks; i++) {
+        Blk *b = &m->b[i];
+        if (b->type == EXTREE_RUN_UNALLOC) {
+            continue;
+        }
+        if (i == 0 || m->b[i - 1].type != b->type ||
+            (b->type == EXTREE_RUN_DATA && m->b[i - 1].host + BS != b->host)) {
+            items++;
+        }
+    }
+    g_assert_cmpuint(extree_extent_count(t), ==, items);
+
+    extree_stats(t, &before);
+    extree_cursor_init(&c, t);
+    while (g < vs) {
+        ExtreeRun run;
+        g_assert_cmpint(extree_cursor_query(&c, g, vs - g,
+                                            EXTREE_COALESCE_HOST, &run), ==, 0);
+        g_assert_cmpuint(run.guest, ==, g);
+        g_assert_cmpuint(run.length, >, 0);
+        g_assert_cmpuint(run.length % BS, ==, 0);
+        for (uint64_t i = 0; i < run.length / BS; i++) {
+            Blk *b = &m->b[g / BS + i];
+            g_assert_cmpint(b->type, ==, run.type);
+            if (run.type == EXTREE_RUN_DATA) {
+                g_assert_cmphex(b->host, ==, run.host + i * BS);
+            }
+        }
+        /* maximal: the next block does not continue the run */
+        if (g + run.length < vs) {
+            Blk *last = &m->b[(g + run.length) / BS - 1];
+            Blk *nb = &m->b[(g + run.length) / BS];
+            g_assert_true(nb->type != last->type ||
+                          (nb->type == EXTREE_RUN_DATA &&
+                           nb->host != last->host + BS));
+        }
+        g += run.length;
+    }
+    extree_cursor_release(&c);
+    extree_stats(t, &after);
+    /* the whole walk: one descent, the rest by next_leaf */
+    g_assert_cmpuint(after.descents - before.descents, ==, 1);
+}
+
+static void model_set(Model *m, uint64_t guest, uint64_t bytes, uint8_t type,
+                      uint64_t host)
+{
+    for (uint64_t i = 0; i < bytes / BS; i++) {
+        m->b[guest / BS + i].type = type;
+        m->b[guest / BS + i].host = type == EXTREE_RUN_DATA ? host + i * BS : 0;
+    }
+}
+
+static void random_ops(uint64_t seed, int nops, uint64_t nblocks,
+                       unsigned min_depth)
+{
+    ExtreeBackend *be = ct_create(nblocks * BS, BS, NS);
+    Extree *t = ct_open(be);
+    Model m = { nblocks, g_new0(Blk, nblocks) };
+    GRand *r = g_rand_new_with_seed(seed);
+    unsigned max_depth = 0;
+
+    for (int op = 0; op < nops; op++) {
+        uint64_t blk = g_rand_int_range(r, 0, nblocks);
+        uint64_t len = g_rand_int_range(r, 1, 9);
+        uint64_t n = MIN(len, nblocks - blk);
+        uint64_t guest = blk * BS, bytes = n * BS;
+        int kind = g_rand_int_range(r, 0, 10);
+
+        if (kind < 6) {
+            while (bytes) {
+                uint64_t host, got;
+                g_assert_cmpint(extree_alloc_data(t, guest, bytes, &host,
+                                                  &got), ==, 0);
+                g_assert_cmpint(extree_map_data(t, guest, got, host), ==, 0);
+                model_set(&m, guest, got, EXTREE_RUN_DATA, host);
+                guest += got;
+                bytes -= got;
+            }
+        } else if (kind < 8) {
+            g_assert_cmpint(extree_set_zero(t, guest, bytes), ==, 0);
+            model_set(&m, guest, bytes, EXTREE_RUN_ZERO, 0);
+        } else {
+            g_assert_cmpint(extree_punch(t, guest, bytes), ==, 0);
+            model_set(&m, guest, bytes, EXTREE_RUN_UNALLOC, 0);
+        }
+        max_depth = MAX(max_depth, extree_depth(t));
+        if (op % 997 == 0) {
+            model_check(t, &m);
+        }
+        if (g_rand_int_range(r, 0, 300) == 0) {
+            g_assert_cmpint(extree_commit(t), ==, 0);
+        }
+    }
+    model_check(t, &m);
+    ct_check_clean(t, NULL);
+    /* reopen: same mapping */
+    extree_close(t);
+    t = ct_open(be);
+    model_check(t, &m);
+    ct_check_clean(t, NULL);
+
+    /* punch nearly everything: merges shrink the tree again */
+    for (uint64_t b = 0; b < nblocks; b += 64) {
+        uint64_t n = MIN(63, nblocks - b);
+        g_assert_cmpint(extree_punch(t, b * BS, n * BS), ==, 0);
+        model_set(&m, b * BS, n * BS, EXTREE_RUN_UNALLOC, 0);
+    }
+    model_check(t, &m);
+    ct_check_clean(t, NULL);
+    if (g_test_verbose()) {
+        g_printerr("max depth %u, depth after punch %u\n", max_depth,
+                   extree_depth(t));
+    }
+    g_assert_cmpuint(max_depth, >=, min_depth);
+    g_assert_cmpuint(extree_depth(t), <, max_depth);
+
+    extree_close(t);
+    extree_mem_backend_free(be);
+    g_rand_free(r);
+    g_free(m.b);
+}
+
+static void test_random(void)
+{
+    random_ops(1, 60000, 131072, 3);
+}
+
+static void test_random_small(void)
+{
+    /* dense: lots of splitting and merging of neighbours */
+    random_ops(7, 20000, 4096, 2);
+}
+
+/* Sequential appends split unevenly: leaves end up (almost) full */
+static void test_sequential_fill(void)
+{
+    const uint64_t n = 20000;
+    ExtreeBackend *be = ct_create(2 * n * BS, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeCheckResult res;
+    uint64_t leaf_cap = EXTREE_LEAF_CAPACITY(NS), leaves;
+
+    /* every other block: items cannot merge */
+    for (uint64_t i = 0; i < n; i++) {
+        ct_write(t, 2 * i * BS, BS);
+    }
+    g_assert_cmpuint(extree_extent_count(t), ==, n);
+    ct_check_clean(t, &res);
+    leaves = (n + leaf_cap - 1) / leaf_cap;
+    if (g_test_verbose()) {
+        g_printerr("%" PRIu64 " nodes for %" PRIu64 " extents (min leaves %"
+                   PRIu64 "), depth %u, free tree %" PRIu64 " items\n",
+                   res.nodes, n, leaves, extree_depth(t), res.free_items);
+    }
+    /* extent tree leaves + a few interior nodes + the free tree */
+    g_assert_cmpuint(res.nodes, <=, leaves + leaves / 50 + 8);
+
+    /* descending order: left-end splits keep nodes full too */
+    extree_close(t);
+    extree_mem_backend_free(be);
+    be = ct_create(2 * n * BS, BS, NS);
+    t = ct_open(be);
+    for (uint64_t i = n; i-- > 0;) {
+        ct_write(t, 2 * i * BS, BS);
+    }
+    ct_check_clean(t, &res);
+    g_assert_cmpuint(res.nodes, <=, leaves + leaves / 50 + 8);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/* A whole-image walk: one descent, every leaf read exactly once (cold) */
+static void test_walk_reads_each_leaf_once(void)
+{
+    const uint64_t n = 10000;
+    ExtreeBackend *be = ct_create(2 * n * BS, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeCheckResult res;
+    ExtreeStats st, st0;
+    ExtreeCursor c;
+    uint64_t g = 0, runs = 0;
+
+    for (uint64_t i = 0; i < n; i++) {
+        ct_write(t, 2 * i * BS, BS);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    t = ct_open(be);
+    extree_stats(t, &st0);
+    extree_cursor_init(&c, t);
+    while (g < 2 * n * BS) {
+        ExtreeRun run;
+        g_assert_cmpint(extree_cursor_query(&c, g, UINT64_MAX,
+                                            EXTREE_COALESCE_HOST, &run), ==, 0);
+        g += run.length;
+        runs++;
+    }
+    extree_cursor_release(&c);
+    g_assert_cmpuint(runs, ==, 2 * n);
+    extree_stats(t, &st);
+    g_assert_cmpuint(st.descents - st0.descents, ==, 1);
+    ct_check_clean(t, &res);
+    /* every extent-tree node once: the cold walk read all the extent tree
+     * but its root (read at open), and nothing twice */
+    g_assert_cmpuint(st.cache_misses - st0.cache_misses, ==,
+                     res.nodes - 1 - (res.free_items ? 1 : 1));
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/* A change between queries makes the cursor re-descend, not crash */
+static void test_cursor_invalidation(void)
+{
+    ExtreeBackend *be = ct_create(1 << 20, BS, NS);
+    Extree *t = ct_open_opts(be, false, 64 * NS, 0);
+    ExtreeCursor c;
+    ExtreeRun run;
+
+    for (int i = 0; i < 1000; i++) {
+        ct_write(t, 2 * i * BS, BS);
+    }
+    extree_cursor_init(&c, t);
+    g_assert_cmpint(extree_cursor_query(&c, 0, 1 << 20, 0, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
+    g_assert_cmpint(extree_cursor_query(&c, BS, 1 << 20, 0, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_UNALLOC);
+    /* change everything the cursor has pinned */
+    g_assert_cmpint(extree_punch(t, 0, 1000 * BS), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpint(extree_cursor_query(&c, 2 * BS, 1 << 20, 0, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_UNALLOC);
+    g_assert_cmpuint(run.length, ==, 998 * BS);
+    g_assert_cmpint(extree_cursor_query(&c, 1000 * BS, 1 << 20, 0, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
+    /* backwards: re-descends */
+    g_assert_cmpint(extree_cursor_query(&c, 0, BS, 0, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_UNALLOC);
+    g_assert_cmpuint(run.length, ==, BS);
+    extree_cursor_release(&c);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/* COALESCE_ALLOC joins DATA and ZERO neighbours; lookup splits runs */
+static void test_coalesce_and_lookup(void)
+{
+    ExtreeBackend *be = ct_create(64 * BS, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeCursor c;
+    ExtreeRun run, runs[8];
+    int n;
+
+    ct_write(t, 0, 4 * BS);
+    g_assert_cmpint(extree_set_zero(t, 4 * BS, 4 * BS), ==, 0);
+    ct_write(t, 8 * BS, 2 * BS);
+    extree_cursor_init(&c, t);
+    g_assert_cmpint(extree_cursor_query(&c, BS, 64 * BS,
+                                        EXTREE_COALESCE_ALLOC, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
+    g_assert_cmpuint(run.length, ==, 9 * BS);
+    g_assert_cmpint(extree_cursor_query(&c, 10 * BS, 64 * BS,
+                                        EXTREE_COALESCE_ALLOC, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_UNALLOC);
+    g_assert_cmpuint(run.length, ==, 54 * BS);
+    /* never past the virtual size */
+    g_assert_cmpint(extree_cursor_query(&c, 64 * BS, 1, 0, &run), ==, -EINVAL);
+    extree_cursor_release(&c);
+
+    g_assert_cmpint(extree_lookup(t, BS, 20 * BS, runs, 8, &n), ==, 0);
+    g_assert_cmpint(n, ==, 4);
+    g_assert_cmpint(runs[3].type, ==, EXTREE_RUN_UNALLOC);
+    g_assert_cmpuint(runs[3].length, ==, 11 * BS);
+    g_assert_cmpint(runs[0].type, ==, EXTREE_RUN_DATA);
+    g_assert_cmpuint(runs[0].length, ==, 3 * BS);
+    g_assert_cmpint(runs[1].type, ==, EXTREE_RUN_ZERO);
+    g_assert_cmpint(runs[2].type, ==, EXTREE_RUN_DATA);
+    g_assert_cmpint(extree_lookup(t, 0, 64 * BS, runs, 2, &n), ==, 0);
+    g_assert_cmpint(n, ==, 2);
+
+    /* unaligned updates are refused */
+    g_assert_cmpint(extree_punch(t, 1, BS), ==, -EINVAL);
+    g_assert_cmpint(extree_set_zero(t, 0, 100), ==, -EINVAL);
+    g_assert_cmpint(extree_punch(t, 60 * BS, 8 * BS), ==, -EINVAL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/* Bounded cache: a walk over more nodes than fit keeps the bound */
+static void test_cache_bound(void)
+{
+    const uint64_t n = 20000;
+    ExtreeBackend *be = ct_create(2 * n * BS, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeStats st;
+    ExtreeRun run;
+    ExtreeCursor c;
+    uint64_t g = 0;
+
+    for (uint64_t i = 0; i < n; i++) {
+        ct_write(t, 2 * i * BS, BS);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    t = ct_open_opts(be, true, 40 * NS, 0);
+    extree_cursor_init(&c, t);
+    while (g < 2 * n * BS) {
+        g_assert_cmpint(extree_cursor_query(&c, g, UINT64_MAX, 0, &run), ==, 0);
+        g += run.length;
+        extree_stats(t, &st);
+        g_assert_cmpuint(st.cached_nodes, <=, 40);
+    }
+    extree_cursor_release(&c);
+    g_assert_cmpuint(st.evictions, >, 0);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/btree/coalesce-and-lookup", test_coalesce_and_lookup);
+    g_test_add_func("/btree/cursor-invalidation", test_cursor_invalidation);
+    g_test_add_func("/btree/sequential-fill", test_sequential_fill);
+    g_test_add_func("/btree/walk-reads-each-leaf-once",
+                    test_walk_reads_each_leaf_once);
+    g_test_add_func("/btree/cache-bound", test_cache_bound);
+    g_test_add_func("/btree/random-small", test_random_small);
+    g_test_add_func("/btree/random", test_random);
+    return g_test_run();
+}
