@@ -103,4 +103,60 @@ static inline void ct_check_clean(Extree *t, ExtreeCheckResult *res)
     g_ptr_array_free(r.msgs, true);
 }
 
+/* ---- editing the image behind the core's back ---- */
+
+/* The valid superblock with the highest generation; returns its slot */
+static inline int ct_read_super(ExtreeBackend *be, ExtreeDiskSuper *sb)
+{
+    ExtreeDiskSuper s[2];
+    int best = -1;
+
+    for (int i = 0; i < 2; i++) {
+        g_assert_cmpint(be->ops->pread(be->opaque, i * EXTREE_SB_SIZE, &s[i],
+                                       EXTREE_SB_SIZE), ==, 0);
+        if (GUINT64_FROM_LE(s[i].magic) == EXTREE_MAGIC &&
+            (best < 0 || GUINT64_FROM_LE(s[i].generation) >
+                         GUINT64_FROM_LE(s[best].generation))) {
+            best = i;
+        }
+    }
+    g_assert_cmpint(best, >=, 0);
+    *sb = s[best];
+    return best;
+}
+
+/* Rewrite superblock slot @slot with a correct checksum */
+static inline void ct_write_super(ExtreeBackend *be, int slot,
+                                  ExtreeDiskSuper *sb)
+{
+    sb->csum = 0;
+    sb->csum = GUINT32_TO_LE(extree_crc32c(0, sb, EXTREE_SB_SIZE));
+    g_assert_cmpint(be->ops->pwrite(be->opaque, slot * EXTREE_SB_SIZE, sb,
+                                    EXTREE_SB_SIZE), ==, 0);
+}
+
+static inline uint8_t *ct_node_read(ExtreeBackend *be, uint64_t off,
+                                    uint32_t ns)
+{
+    uint8_t *buf = g_malloc(ns);
+    g_assert_cmpint(be->ops->pread(be->opaque, off, buf, ns), ==, 0);
+    return buf;
+}
+
+/* Write a node image back, with (@fix_csum) or without a valid checksum */
+static inline void ct_node_write(ExtreeBackend *be, uint64_t off,
+                                 uint8_t *buf, uint32_t ns, bool fix_csum)
+{
+    if (fix_csum) {
+        ext_st32(buf, extree_crc32c(0, buf + 4, ns - 4));
+    }
+    g_assert_cmpint(be->ops->pwrite(be->opaque, off, buf, ns), ==, 0);
+}
+
+/* Leaf item @i of a node image */
+static inline ExtreeDiskItem *ct_item(uint8_t *buf, int i)
+{
+    return (ExtreeDiskItem *)(buf + EXTREE_NODE_HEADER_SIZE) + i;
+}
+
 #endif
