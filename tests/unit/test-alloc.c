@@ -1,0 +1,183 @@
+/*
+ * Unit tests: allocator placement, pending frees, free-space tree sync
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "core-test.h"
+
+#define BS 4096
+#define NS 16384
+
+/* Sequential guest writes, commits in between, make ONE extent */
+static void test_sequential_one_extent(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeRun runs[4];
+    int n;
+
+    for (int i = 0; i < 2000; i++) {
+        ct_write(t, (uint64_t)i * BS, BS);
+        if (i % 64 == 63) {
+            g_assert_cmpint(extree_commit(t), ==, 0);
+        }
+    }
+    g_assert_cmpuint(extree_extent_count(t), ==, 1);
+    g_assert_cmpint(extree_lookup(t, 0, 2000 * BS, runs, 4, &n), ==, 0);
+    g_assert_cmpint(n, ==, 1);
+    g_assert_cmpint(runs[0].type, ==, EXTREE_RUN_DATA);
+    g_assert_cmpuint(runs[0].length, ==, 2000 * BS);
+    ct_check_clean(t, NULL);
+
+    /* and it keeps growing after a reopen */
+    extree_close(t);
+    t = ct_open(be);
+    for (int i = 2000; i < 2100; i++) {
+        ct_write(t, (uint64_t)i * BS, BS);
+    }
+    g_assert_cmpuint(extree_extent_count(t), ==, 1);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/* The block after the guest neighbour's extent is used when it is free */
+static void test_near_hint(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeRun runs[2];
+    uint64_t host, got;
+    int n;
+
+    ct_write(t, 0, 4 * BS);            /* A */
+    ct_write(t, 1000 * BS, 4 * BS);    /* B, placed right after A */
+    g_assert_cmpuint(extree_extent_count(t), ==, 2);
+    g_assert_cmpint(extree_punch(t, 1000 * BS, 4 * BS), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    /* B's space is free again: growing A reuses it, A stays one extent */
+    g_assert_cmpint(extree_alloc_data(t, 4 * BS, 2 * BS, &host, &got), ==, 0);
+    g_assert_cmpint(extree_map_data(t, 4 * BS, got, host), ==, 0);
+    g_assert_cmpuint(got, ==, 2 * BS);
+    g_assert_cmpint(extree_lookup(t, 0, 6 * BS, runs, 2, &n), ==, 0);
+    g_assert_cmpint(n, ==, 1);
+    g_assert_cmpuint(extree_extent_count(t), ==, 1);
+
+    /* before the following extent: free the first half of 100..103,
+     * then rewriting it lands right before the second half */
+    ct_write(t, 100 * BS, 4 * BS);
+    g_assert_cmpint(extree_punch(t, 100 * BS, 2 * BS), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_write(t, 100 * BS, 2 * BS);
+    g_assert_cmpint(extree_lookup(t, 100 * BS, 4 * BS, runs, 2, &n), ==, 0);
+    g_assert_cmpint(n, ==, 1);
+    g_assert_cmpuint(runs[0].length, ==, 4 * BS);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
+{
+    return a < b + blen && b < a + alen;
+}
+
+/* Space freed in a transaction is reused only after its commit */
+static void test_pending_free(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeRun run;
+    uint64_t h, host, got, free_before;
+    int n;
+
+    ct_write(t, 0, 16 * BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpint(extree_lookup(t, 0, 16 * BS, &run, 1, &n), ==, 0);
+    h = run.host;
+
+    free_before = extree_free_bytes(t);
+    g_assert_cmpint(extree_punch(t, 0, 16 * BS), ==, 0);
+    g_assert_cmpuint(extree_free_bytes(t), >=, free_before + 16 * BS);
+    for (int i = 0; i < 8; i++) {
+        g_assert_cmpint(extree_alloc_data(t, (1000 + 100 * i) * BS, 16 * BS,
+                                          &host, &got), ==, 0);
+        g_assert_false(overlaps(host, got, h, 16 * BS));
+        g_assert_cmpint(extree_free_data(t, host, got), ==, 0);
+    }
+    /* a node for the next CoW does not get it either */
+    ct_write(t, 5000 * BS, BS);
+    g_assert_cmpint(extree_lookup(t, 5000 * BS, BS, &run, 1, &n), ==, 0);
+    g_assert_false(overlaps(run.host, BS, h, 16 * BS));
+
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    /* now it is the lowest fitting free range: first fit takes it */
+    g_assert_cmpint(extree_alloc_data(t, 3000 * BS, 16 * BS, &host, &got),
+                    ==, 0);
+    g_assert_true(overlaps(host, got, h, 16 * BS));
+    g_assert_cmpint(extree_map_data(t, 3000 * BS, got, host), ==, 0);
+
+    /* freeing free space, or mapping it, is refused */
+    g_assert_cmpint(extree_alloc_data(t, 7000 * BS, BS, &host, &got), ==, 0);
+    g_assert_cmpint(extree_free_data(t, host, got), ==, 0);
+    g_assert_cmpint(extree_free_data(t, host, got), ==, -EINVAL);
+    g_assert_cmpint(extree_map_data(t, 7000 * BS, got, host), ==, -EINVAL);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/* Many scattered frees: the free tree grows several levels and the sync
+ * loop reaches its fixed point; open loads the same free space */
+static void test_free_tree_sync(void)
+{
+    ExtreeBackend *be = ct_create(1 << 26, 512, 4096);
+    Extree *t = ct_open(be);
+    ExtreeCheckResult res;
+    uint64_t free_bytes;
+
+    for (int i = 0; i < 20000; i++) {
+        ct_write(t, (uint64_t)i * 512, 512);
+        /* interleave with zero items so data extents are not merged */
+        g_assert_cmpint(extree_set_zero(t, (uint64_t)(40000 + i) * 512, 512),
+                        ==, 0);
+        if (i % 3 == 0) {
+            g_assert_cmpint(extree_set_zero(t, (uint64_t)(i + 1) * 512,
+                                            512), ==, 0);
+        }
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    /* free every other block of data: scattered free ranges */
+    for (int i = 0; i < 20000; i += 2) {
+        g_assert_cmpint(extree_punch(t, (uint64_t)i * 512, 512), ==, 0);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_check_clean(t, &res);
+    if (g_test_verbose()) {
+        g_printerr("free items %" PRIu64 ", nodes %" PRIu64 "\n",
+                   res.free_items, res.nodes);
+    }
+    g_assert_cmpuint(res.free_items, >, 1000);
+    g_assert_cmpuint(res.free_bytes, ==, extree_free_bytes(t));
+    free_bytes = extree_free_bytes(t);
+    extree_close(t);
+    t = ct_open(be);
+    g_assert_cmpuint(extree_free_bytes(t), ==, free_bytes);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/alloc/sequential-one-extent",
+                    test_sequential_one_extent);
+    g_test_add_func("/alloc/near-hint", test_near_hint);
+    g_test_add_func("/alloc/pending-free", test_pending_free);
+    g_test_add_func("/alloc/free-tree-sync", test_free_tree_sync);
+    return g_test_run();
+}
