@@ -34,14 +34,25 @@ typedef struct MemFault {
     uint64_t count;
 } MemFault;
 
+/* Pages are shared between clones and copied on write, so that a clone
+ * (a crash image, a snapshot) costs a reference per page */
+typedef struct MemPage {
+    uint32_t refcnt;
+    uint8_t data[MEM_PAGE_SIZE];
+} MemPage;
+
 typedef struct MemBackend {
     ExtreeBackend be;
-    GHashTable *pages;          /* page index -> uint8_t[MEM_PAGE_SIZE] */
+    GHashTable *pages;          /* page index -> MemPage */
     uint64_t length;
 
     bool recording;
     struct MemBackend *base;    /* contents when recording started */
     GArray *log;                /* of ExtreeLogEntry; data g_malloc'd */
+    /* base plus log entries [0, replay_pos), replay_pos just after a
+     * flush: crash images of growing prefixes start from here */
+    struct MemBackend *replay;
+    size_t replay_pos;
 
     MemFault fault;
     ExtreeMemStats stats;
@@ -55,16 +66,41 @@ static MemBackend *mem_of(ExtreeBackend *be)
     return be->opaque;
 }
 
-static uint8_t *mem_page(MemBackend *m, uint64_t index, bool alloc)
+static void mem_page_unref(gpointer p)
+{
+    MemPage *page = p;
+
+    if (--page->refcnt == 0) {
+        g_free(page);
+    }
+}
+
+/* The page for reading, NULL if it reads as zeros */
+static const uint8_t *mem_page(MemBackend *m, uint64_t index)
+{
+    MemPage *page = g_hash_table_lookup(m->pages, (gpointer)(uintptr_t)index);
+
+    return page ? page->data : NULL;
+}
+
+/* The page for writing: private to @m; created zeroed if @alloc */
+static uint8_t *mem_page_w(MemBackend *m, uint64_t index, bool alloc)
 {
     gpointer key = (gpointer)(uintptr_t)index;
-    uint8_t *p = g_hash_table_lookup(m->pages, key);
+    MemPage *page = g_hash_table_lookup(m->pages, key);
 
-    if (!p && alloc) {
-        p = g_malloc0(MEM_PAGE_SIZE);
-        g_hash_table_insert(m->pages, key, p);
+    if (page && page->refcnt > 1) {
+        MemPage *copy = g_new(MemPage, 1);
+        copy->refcnt = 1;
+        memcpy(copy->data, page->data, MEM_PAGE_SIZE);
+        g_hash_table_replace(m->pages, key, copy);  /* unrefs @page */
+        page = copy;
+    } else if (!page && alloc) {
+        page = g_new0(MemPage, 1);
+        page->refcnt = 1;
+        g_hash_table_insert(m->pages, key, page);
     }
-    return p;
+    return page ? page->data : NULL;
 }
 
 /* Whether the next operation of kind @kind must fail */
@@ -103,7 +139,7 @@ static void mem_read(MemBackend *m, uint64_t offset, void *buf,
         const uint8_t *p = NULL;
 
         if (offset < m->length) {
-            p = mem_page(m, offset >> MEM_PAGE_BITS, false);
+            p = mem_page(m, offset >> MEM_PAGE_BITS);
         }
         if (p) {
             /* Bytes of the page past the length were zeroed on truncate */
@@ -127,7 +163,7 @@ static void mem_write(MemBackend *m, uint64_t offset, const void *buf,
         uint64_t in_page = offset & (MEM_PAGE_SIZE - 1);
         uint64_t n = MIN(bytes, MEM_PAGE_SIZE - in_page);
 
-        memcpy(mem_page(m, offset >> MEM_PAGE_BITS, true) + in_page, in, n);
+        memcpy(mem_page_w(m, offset >> MEM_PAGE_BITS, true) + in_page, in, n);
         in += n;
         offset += n;
         bytes -= n;
@@ -146,7 +182,7 @@ static void mem_zero(MemBackend *m, uint64_t offset, uint64_t bytes)
         if (n == MEM_PAGE_SIZE) {
             g_hash_table_remove(m->pages, (gpointer)(uintptr_t)index);
         } else {
-            uint8_t *p = mem_page(m, index, false);
+            uint8_t *p = mem_page_w(m, index, false);
             if (p) {
                 memset(p + in_page, 0, n);
             }
@@ -162,20 +198,21 @@ static void mem_truncate(MemBackend *m, uint64_t size)
         /* Later growth must read zeros, so clear the dropped bytes.  The
          * range is bounded by pages that actually exist. */
         GHashTableIter it;
-        gpointer key, value;
+        gpointer key;
         uint64_t first = size >> MEM_PAGE_BITS;
+        uint64_t in_page = size & (MEM_PAGE_SIZE - 1);
+        uint8_t *p;
 
         g_hash_table_iter_init(&it, m->pages);
-        while (g_hash_table_iter_next(&it, &key, &value)) {
+        while (g_hash_table_iter_next(&it, &key, NULL)) {
             uint64_t index = (uintptr_t)key;
-            if (index > first ||
-                (index == first && !(size & (MEM_PAGE_SIZE - 1)))) {
+            if (index > first || (index == first && !in_page)) {
                 g_hash_table_iter_remove(&it);
-            } else if (index == first) {
-                uint64_t in_page = size & (MEM_PAGE_SIZE - 1);
-                memset((uint8_t *)value + in_page, 0,
-                       MEM_PAGE_SIZE - in_page);
             }
+        }
+        p = in_page ? mem_page_w(m, first, false) : NULL;
+        if (p) {
+            memset(p + in_page, 0, MEM_PAGE_SIZE - in_page);
         }
     }
     m->length = size;
@@ -299,7 +336,7 @@ static MemBackend *mem_new(void)
     m->be.ops = &mem_ops;
     m->be.opaque = m;
     m->pages = g_hash_table_new_full(g_direct_hash, g_direct_equal,
-                                     NULL, g_free);
+                                     NULL, mem_page_unref);
     m->log = g_array_new(false, false, sizeof(ExtreeLogEntry));
     return m;
 }
@@ -318,6 +355,10 @@ static void mem_clear_log(MemBackend *m)
     if (m->base) {
         extree_mem_backend_free(&m->base->be);
         m->base = NULL;
+    }
+    if (m->replay) {
+        extree_mem_backend_free(&m->replay->be);
+        m->replay = NULL;
     }
 }
 
@@ -343,7 +384,8 @@ static MemBackend *mem_clone(MemBackend *src)
 
     g_hash_table_iter_init(&it, src->pages);
     while (g_hash_table_iter_next(&it, &key, &value)) {
-        g_hash_table_insert(m->pages, key, mem_dup(value, MEM_PAGE_SIZE));
+        ((MemPage *)value)->refcnt++;
+        g_hash_table_insert(m->pages, key, value);
     }
     m->length = src->length;
     return m;
@@ -370,8 +412,9 @@ bool extree_mem_backend_equal(ExtreeBackend *a, ExtreeBackend *b)
 
         g_hash_table_iter_init(&it, x->pages);
         while (g_hash_table_iter_next(&it, &key, &value)) {
-            const uint8_t *other = mem_page(y, (uintptr_t)key, false);
-            if (memcmp(value, other ? other : zero, MEM_PAGE_SIZE)) {
+            const uint8_t *other = mem_page(y, (uintptr_t)key);
+            if (memcmp(((MemPage *)value)->data, other ? other : zero,
+                       MEM_PAGE_SIZE)) {
                 return false;
             }
         }
@@ -473,20 +516,33 @@ ExtreeBackend *extree_mem_backend_crash_image(ExtreeBackend *be,
 {
     MemBackend *m = mem_of(be);
     MemBackend *out;
-    size_t flushed = 0;         /* entries up to and including last flush */
+    size_t flushed = prefix;    /* entries up to and including last flush */
     uint64_t rng = seed;
 
     assert(m->base && prefix <= m->log->len);
-    out = mem_clone(m->base);
-    for (size_t i = 0; i < prefix; i++) {
-        if (g_array_index(m->log, ExtreeLogEntry, i).op == EXTREE_LOG_FLUSH) {
-            flushed = i + 1;
-        }
+    while (flushed > 0 &&
+           g_array_index(m->log, ExtreeLogEntry, flushed - 1).op !=
+           EXTREE_LOG_FLUSH) {
+        flushed--;
     }
-    for (size_t i = 0; i < prefix; i++) {
+    /* Bring the flushed image up to date; start over if asked for an
+     * earlier one.  Enumerating prefixes in order costs O(log) in all. */
+    if (!m->replay || m->replay_pos > flushed) {
+        if (m->replay) {
+            extree_mem_backend_free(&m->replay->be);
+        }
+        m->replay = mem_clone(m->base);
+        m->replay_pos = 0;
+    }
+    for (; m->replay_pos < flushed; m->replay_pos++) {
+        crash_apply(m->replay, &g_array_index(m->log, ExtreeLogEntry,
+                                              m->replay_pos));
+    }
+    out = mem_clone(m->replay);
+    for (size_t i = flushed; i < prefix; i++) {
         const ExtreeLogEntry *e = &g_array_index(m->log, ExtreeLogEntry, i);
 
-        if (i < flushed || mode == EXTREE_CRASH_KEEP) {
+        if (mode == EXTREE_CRASH_KEEP) {
             crash_apply(out, e);
         } else if (mode == EXTREE_CRASH_DROP) {
             continue;

@@ -23,12 +23,13 @@
 
 #include "extree.h"     /* ExtreeBackendOps, ExtreeBackend */
 
-/* Memory backend: sparse, 4 KiB pages allocated on first write */
+/* Memory backend: sparse, 4 KiB pages allocated on first write and shared
+ * copy-on-write between clones */
 ExtreeBackend *extree_mem_backend_new(void);
 void extree_mem_backend_free(ExtreeBackend *be);
 
 /* A new memory backend with a copy of @be's contents (not its log, faults
- * or counters).  O(pages). */
+ * or counters).  O(pages) references, no data copied. */
 ExtreeBackend *extree_mem_backend_clone(ExtreeBackend *be);
 
 /* Byte-for-byte comparison of two memory backends (contents and length) */
@@ -79,7 +80,9 @@ typedef enum ExtreeCrashMode {
  * Build the device a crash after the first @prefix log entries could leave:
  * the recording base plus entries [0, @prefix), with the unflushed tail
  * treated per @mode.  @seed drives TEAR and GARBAGE deterministically.
- * Returns a new memory backend (not recording).  O(pages + logged bytes).
+ * Returns a new memory backend (not recording).  O(pages + unflushed tail)
+ * when prefixes are asked for in increasing order (the flushed part is
+ * kept up to date incrementally), O(pages + logged bytes) otherwise.
  */
 ExtreeBackend *extree_mem_backend_crash_image(ExtreeBackend *be,
                                               size_t prefix,

@@ -101,6 +101,21 @@ static void test_mem_clone(void)
     buf[17] = 2;
     g_assert_cmpint(be_write(b, 1 << 20, buf, sizeof(buf)), ==, 0);
     g_assert_false(extree_mem_backend_equal(a, b));
+    /* Pages are shared copy-on-write: the original did not change */
+    g_assert_cmpint(be_read(a, (1 << 20) + 17, buf, 1), ==, 0);
+    g_assert_cmpint(buf[0], ==, 1);
+    {
+        ExtreeBackend *c = extree_mem_backend_clone(a);
+        g_assert_cmpint(c->ops->truncate(c->opaque, (1 << 20) + 100), ==, 0);
+        g_assert_cmpint(c->ops->discard(c->opaque, 1 << 20, 50), ==, 0);
+        g_assert_cmpint(be_read(a, (1 << 20) + 40, buf, 1), ==, 0);
+        g_assert_cmpint(buf[0], ==, 1);
+        g_assert_cmpint(be_read(a, (1 << 20) + 200, buf, 1), ==, 0);
+        g_assert_cmpint(buf[0], ==, 1);
+        g_assert_cmpint(a->ops->get_length(a->opaque), ==, (1 << 20) + 4096);
+        extree_mem_backend_free(c);
+    }
+    fill(buf, sizeof(buf), 1);
     /* A zero page equals an absent one */
     fill(buf, sizeof(buf), 1);
     g_assert_cmpint(be_write(b, 1 << 20, buf, sizeof(buf)), ==, 0);
