@@ -29,8 +29,10 @@
 #include "block/extree-format.h"
 #include "model.h"
 
+/* Small blocks and nodes: some 30 leaves from a few thousand extents, so
+ * that the smallest dirty limit (16 nodes) forces commits */
 #define VSIZE           (8 << 20)
-#define BS              4096
+#define BS              512
 #define NODE            4096
 #define DATA_MAGIC      0x4154414445455254ULL   /* "TREEDATA" */
 
@@ -45,6 +47,7 @@ typedef struct State {
     uint64_t gen;
     Model m;
     bool forced;                /* by the dirty limit */
+    const char *backing;        /* static string or NULL */
     size_t sb_index;            /* log index of its superblock write */
     size_t end;                 /* log prefix that makes it durable */
 } State;
@@ -57,6 +60,7 @@ typedef struct Workload {
     GArray *states;             /* of State */
     uint32_t tag;
     uint8_t *buf;
+    const char *backing;
 } Workload;
 
 static const ExtreeCreateParams create_params = {
@@ -113,6 +117,7 @@ static void wl_record_state(Workload *w, size_t from, bool forced)
     model_init(&s.m, VSIZE, BS);
     model_copy(&s.m, &w->model);
     s.forced = forced;
+    s.backing = w->backing;
     g_array_append_val(w->states, s);
 }
 
@@ -150,11 +155,12 @@ static void wl_after_update(Workload *w, uint64_t gen, size_t from)
     }
 }
 
-/* Allocate, write the data, map: what a guest write does */
-static void wl_insert(Workload *w, uint64_t blk, uint64_t n)
+/* Allocate, write the data (unless @tag is 0), map: what a guest write
+ * does */
+static void wl_insert(Workload *w, uint64_t blk, uint64_t n, bool data)
 {
     uint64_t guest = blk * BS, left = n * BS;
-    uint32_t tag = ++w->tag;
+    uint32_t tag = data ? ++w->tag : 0;
 
     while (left > 0) {
         uint64_t host, got, gen = extree_generation(w->t);
@@ -164,11 +170,13 @@ static void wl_insert(Workload *w, uint64_t blk, uint64_t n)
                         ==, 0);
         wl_after_update(w, gen, from);
         g_assert_cmpuint(got, >, 0);
-        for (uint64_t i = 0; i < got; i += BS) {
+        for (uint64_t i = 0; tag && i < got; i += BS) {
             fill_block(w->buf + i, guest + i, tag);
         }
-        g_assert_cmpint(w->be->ops->pwrite(w->be->opaque, host, w->buf, got),
-                        ==, 0);
+        if (tag) {
+            g_assert_cmpint(w->be->ops->pwrite(w->be->opaque, host, w->buf,
+                                               got), ==, 0);
+        }
 
         gen = extree_generation(w->t);
         from = extree_mem_backend_log_length(w->be);
@@ -190,7 +198,7 @@ static void wl_random_op(Workload *w, unsigned insert_pct)
     size_t from = extree_mem_backend_log_length(w->be);
 
     if (dice < insert_pct) {
-        wl_insert(w, blk, n);
+        wl_insert(w, blk, n, true);
     } else if (dice < insert_pct + (100 - insert_pct) / 2) {
         g_assert_cmpint(extree_punch(w->t, blk * BS, n * BS), ==, 0);
         model_set(&w->model, blk, n, EXTREE_RUN_UNALLOC, 0, 0);
@@ -222,10 +230,10 @@ static void wl_run(Workload *w, uint64_t seed)
     model_init(&s0.m, VSIZE, BS);
     g_array_append_val(w->states, s0);
 
-    /* T1: fill */
-    for (int i = 0; i < 150; i++) {
-        wl_insert(w, model_rand_below(&w->rng, VSIZE / BS - 8),
-                  1 + model_rand_below(&w->rng, 8));
+    /* T1: a few thousand extents, without data to keep the log short */
+    for (int i = 0; i < 2500; i++) {
+        wl_insert(w, model_rand_below(&w->rng, VSIZE / BS - 2),
+                  1 + model_rand_below(&w->rng, 2), false);
     }
     wl_commit(w);
     /* T2, T3: overwrite, punch, zero; then an empty commit */
@@ -238,10 +246,14 @@ static void wl_run(Workload *w, uint64_t seed)
     }
     wl_commit(w);
     wl_commit(w);
-    /* T4: a dirty limit of a few nodes forces commits on the way */
+    /* A transaction that changes the superblock only */
+    w->backing = "base.qcow2";
+    g_assert_cmpint(extree_set_backing(w->t, w->backing, "qcow2"), ==, 0);
+    wl_commit(w);
+    /* T4: the smallest dirty limit forces commits on the way */
     extree_close(w->t);
-    wl_open(w, 4 * NODE);
-    for (int i = 0; i < 100; i++) {
+    wl_open(w, NODE);
+    for (int i = 0; i < 300; i++) {
         wl_random_op(w, 50);
     }
     wl_commit(w);
@@ -276,7 +288,7 @@ static char *check_data(ExtreeBackend *img, const Model *m)
 
     for (uint64_t i = 0; i < m->nblocks; i++) {
         const ModelBlock *b = &m->b[i];
-        if (b->type != EXTREE_RUN_DATA) {
+        if (b->type != EXTREE_RUN_DATA || !b->tag) {
             continue;
         }
         g_assert_cmpint(img->ops->pread(img->opaque, b->host, &h, sizeof(h)),
@@ -349,6 +361,10 @@ static void verify_image(Workload *w, size_t p, ExtreeCrashMode mode,
     if (!diff) {
         diff = check_data(img, &s->m);
     }
+    if (!diff && g_strcmp0(extree_backing_file(t), s->backing)) {
+        diff = g_strdup_printf("backing file '%s', expected '%s'",
+                               extree_backing_file(t), s->backing);
+    }
     if (diff) {
         g_error("prefix %zu (%s, seed %" PRIu64 "), state %u (generation %"
                 PRIu64 "): %s", p, mode_name[mode], w->seed, k, s->gen, diff);
@@ -402,10 +418,12 @@ static void test_enumerate(void)
     for (size_t p = 0; p <= len; p++) {
         verify_image(&w, p, EXTREE_CRASH_KEEP, 0, &cs);
         verify_image(&w, p, EXTREE_CRASH_DROP, 0, &cs);
-        for (uint64_t s = 0; s < 2; s++) {
-            verify_image(&w, p, EXTREE_CRASH_TEAR, seed + p * 4 + s, &cs);
+        for (uint64_t s = 0; s < 4; s++) {
+            verify_image(&w, p, EXTREE_CRASH_TEAR, seed + p * 8 + s, &cs);
         }
-        verify_image(&w, p, EXTREE_CRASH_GARBAGE, seed + p * 4 + 3, &cs);
+        for (uint64_t s = 4; s < 6; s++) {
+            verify_image(&w, p, EXTREE_CRASH_GARBAGE, seed + p * 8 + s, &cs);
+        }
     }
     g_test_message("%" PRIu64 " crash images verified in %.2f s; %" PRIu64
                    " with leaks (%" PRIu64 " leaks, %" PRIu64 " bytes)",
