@@ -282,6 +282,16 @@ static void check_tree(Run *r)
         fail(r, "checker: %" PRIu64 " free bytes, tree says %" PRIu64,
              res.free_bytes, extree_free_bytes(r->t));
     }
+    /* Free space must be reused: the file may not grow far beyond what the
+     * guest can map, plus metadata and one transaction's pending frees */
+    if (extree_host_end(r->t) > r->data_start + 4 * r->v->virtual_size +
+                                (64 << 20)) {
+        fail(r, "host_end %" PRIu64 " MiB for a %" PRIu64 " MiB image (%"
+             PRIu64 " MiB free, %" PRIu64 " MiB of data)",
+             extree_host_end(r->t) >> 20, r->v->virtual_size >> 20,
+             extree_free_bytes(r->t) >> 20,
+             model_data_blocks(&r->model) * r->bs >> 20);
+    }
     r->n.checks++;
 }
 
