@@ -674,15 +674,21 @@ static bool mergeable(const ExtreeItem *a, const ExtreeItem *b)
            (a->type == EXTREE_ITEM_ZERO || a->host + a->length == b->host);
 }
 
-/* Insert @it into a hole, merged with mergeable neighbours */
-static int insert_merged(Extree *t, ExtreeTree *tree, const ExtreeItem *it)
+/* Insert @it into a hole, merged with mergeable neighbours.  @known: the
+ * caller's *@prev / *@next (items before and from it->key) are current. */
+static int insert_merged(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
+                         bool known, ExtreeItem prev, bool hp,
+                         ExtreeItem next, bool hn)
 {
-    ExtreeItem prev, next, m;
-    bool hp, hn, ml, mr;
-    int ret = extree_bt_find(t, tree, it->key, &prev, &hp, &next, &hn);
+    ExtreeItem m;
+    bool ml, mr;
+    int ret = 0;
 
-    if (ret < 0) {
-        return ret;
+    if (!known) {
+        ret = extree_bt_find(t, tree, it->key, &prev, &hp, &next, &hn);
+        if (ret < 0) {
+            return ret;
+        }
     }
     ml = hp && mergeable(&prev, it);
     mr = hn && mergeable(it, &next);
@@ -724,7 +730,7 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
 {
     uint64_t end = start + len;
     ExtreeItem prev, next, none = { 0 };
-    bool hp, hn;
+    bool hp, hn, changed = false;
     int ret;
 
     if (!it->type) {
@@ -740,6 +746,7 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
         uint64_t pend = prev.key + prev.length;
         ExtreeItem head = prev;
 
+        changed = true;
         head.length = start - prev.key;
         ret = release_space(t, &prev, start, MIN(pend, end), it);
         if (ret == 0) {
@@ -763,6 +770,7 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
     while (hn && next.key < end) {
         ExtreePath p = { { 0 } };
 
+        changed = true;
         if (next.key + next.length > end) {
             ExtreeItem cut = next;
             cut.key = end;
@@ -817,7 +825,7 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
         ExtreeItem n = *it;
         n.key = start;
         n.length = len;
-        return insert_merged(t, tree, &n);
+        return insert_merged(t, tree, &n, !changed, prev, hp, next, hn);
     }
 }
 

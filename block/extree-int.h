@@ -225,6 +225,8 @@ struct Extree {
     uint64_t cache_limit;       /* nodes */
     uint64_t dirty_limit;       /* nodes */
     uint64_t seq;               /* bumped by every tree change */
+    GPtrArray *spare_bufs;      /* node buffers for re-use: CoW allocates
+                                 * and frees one per copy */
     bool in_commit;
 
     /* Allocator: ranges of host space (GSequence of ExtreeRange) */

@@ -75,16 +75,32 @@ static void list_add_tail(ExtreeNode *head, ExtreeNode *n, uint8_t which)
     n->list = which;
 }
 
+#define SPARE_BUFS_MAX 256
+
+static uint8_t *buf_alloc(Extree *t)
+{
+    if (t->spare_bufs->len) {
+        return g_ptr_array_steal_index_fast(t->spare_bufs,
+                                            t->spare_bufs->len - 1);
+    }
+    return g_malloc(t->node_size);
+}
+
 void extree_cache_init(Extree *t)
 {
+    t->spare_bufs = g_ptr_array_new_with_free_func(g_free);
     t->cache = g_hash_table_new(g_int64_hash, g_int64_equal);
     list_init(&t->lru);
     list_init(&t->dirty);
 }
 
-static void node_free(ExtreeNode *n)
+static void node_free(Extree *t, ExtreeNode *n)
 {
-    g_free(n->buf);
+    if (t->spare_bufs && t->spare_bufs->len < SPARE_BUFS_MAX) {
+        g_ptr_array_add(t->spare_bufs, n->buf);
+    } else {
+        g_free(n->buf);
+    }
     g_free(n);
 }
 
@@ -97,8 +113,10 @@ void extree_cache_destroy(Extree *t)
         return;
     }
     g_hash_table_iter_init(&it, t->cache);
+    g_ptr_array_free(t->spare_bufs, true);
+    t->spare_bufs = NULL;
     while (g_hash_table_iter_next(&it, &key, &value)) {
-        node_free(value);
+        node_free(t, value);
     }
     g_hash_table_destroy(t->cache);
     t->cache = NULL;
@@ -122,7 +140,7 @@ void extree_cache_shrink(Extree *t)
     while (t->ncached > t->cache_limit && t->lru.next != &t->lru) {
         ExtreeNode *n = t->lru.next;
         cache_remove(t, n);
-        node_free(n);
+        node_free(t, n);
         t->stats.evictions++;
     }
 }
@@ -146,7 +164,7 @@ void extree_node_unref(Extree *t, ExtreeNode *n)
         return;
     }
     if (n->orphan) {
-        node_free(n);
+        node_free(t, n);
     } else if (!n->dirty) {
         list_add_tail(&t->lru, n, EXT_LIST_LRU);
         if (t->ncached > t->cache_limit) {
@@ -162,7 +180,7 @@ void extree_node_drop(Extree *t, ExtreeNode *n)
     if (n->refcnt) {
         n->orphan = true;
     } else {
-        node_free(n);
+        node_free(t, n);
     }
     t->seq++;
 }
@@ -179,7 +197,8 @@ ExtreeNode *extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
         extree_node_drop(t, old);
     }
     n->bytenr = bytenr;
-    n->buf = g_malloc0(t->node_size);
+    n->buf = buf_alloc(t);
+    memset(n->buf, 0, t->node_size);
     ext_st32(n->buf + EXT_NH_MAGIC, EXTREE_NODE_MAGIC);
     ext_st64(n->buf + EXT_NH_BYTENR, bytenr);
     ext_st64(n->buf + EXT_NH_GEN, t->trans_gen);
@@ -429,10 +448,10 @@ int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
     t->stats.cache_misses++;
     n = g_new0(ExtreeNode, 1);
     n->bytenr = bytenr;
-    n->buf = g_malloc(t->node_size);
+    n->buf = buf_alloc(t);
     ret = t->be->ops->pread(t->be->opaque, bytenr, n->buf, t->node_size);
     if (ret < 0) {
-        node_free(n);
+        node_free(t, n);
         return ret;
     }
     ret = extree_node_validate(t, n->buf, bytenr, e, &why);
@@ -440,12 +459,12 @@ int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
         ret = extree_corrupt(t, bytenr, "corrupt %s node at offset 0x%"
                              PRIx64 ": %s", tree, bytenr, why);
         g_free(why);
-        node_free(n);
+        node_free(t, n);
         return ret;
     }
     /* The read may have yielded: someone else may have cached it */
     if (g_hash_table_lookup(t->cache, &bytenr)) {
-        node_free(n);
+        node_free(t, n);
         return extree_node_get(t, bytenr, e, out);
     }
     n->refcnt = 1;
@@ -471,31 +490,56 @@ static gint cmp_bytenr(gconstpointer a, gconstpointer b)
 
 /*
  * Commit step 3: write every dirty node at its (freshly allocated)
- * location, in offset order.  O(dirty nodes).  The nodes stay dirty until
+ * location, in offset order, nodes at consecutive offsets in one write of
+ * up to 1 MiB.  O(dirty nodes).  The nodes stay dirty until
  * extree_node_commit_done(), so a failed commit can be retried.
  */
 int extree_node_write_dirty(Extree *t)
 {
     GPtrArray *arr = g_ptr_array_sized_new(t->ndirty);
+    guint batch = MAX(1, (1024 * 1024) / t->node_size);
+    uint8_t *bounce = NULL;
     int ret = 0;
 
     for (ExtreeNode *n = t->dirty.next; n != &t->dirty; n = n->next) {
+        extree_node_finish(t, n->buf);
+        /* pinned: the writes may yield */
+        extree_node_ref(n);
         g_ptr_array_add(arr, n);
     }
     g_ptr_array_sort(arr, cmp_bytenr);
-    for (guint i = 0; i < arr->len; i++) {
-        ExtreeNode *n = arr->pdata[i];
-        /* pinned: the write may yield */
-        extree_node_ref(n);
-        extree_node_finish(t, n->buf);
-        ret = t->be->ops->pwrite(t->be->opaque, n->bytenr, n->buf,
-                                 t->node_size);
-        extree_node_unref(t, n);
-        if (ret < 0) {
-            break;
+    for (guint i = 0; i < arr->len && ret == 0;) {
+        ExtreeNode *first = arr->pdata[i];
+        guint j = i + 1;
+
+        while (j < arr->len && j - i < batch &&
+               ((ExtreeNode *)arr->pdata[j])->bytenr ==
+               first->bytenr + (uint64_t)(j - i) * t->node_size) {
+            j++;
         }
-        t->stats.nodes_written++;
+        if (j - i == 1) {
+            ret = t->be->ops->pwrite(t->be->opaque, first->bytenr, first->buf,
+                                     t->node_size);
+        } else {
+            if (!bounce) {
+                bounce = g_malloc((size_t)batch * t->node_size);
+            }
+            for (guint k = i; k < j; k++) {
+                memcpy(bounce + (size_t)(k - i) * t->node_size,
+                       ((ExtreeNode *)arr->pdata[k])->buf, t->node_size);
+            }
+            ret = t->be->ops->pwrite(t->be->opaque, first->bytenr, bounce,
+                                     (uint64_t)(j - i) * t->node_size);
+        }
+        if (ret == 0) {
+            t->stats.nodes_written += j - i;
+        }
+        i = j;
     }
+    for (guint i = 0; i < arr->len; i++) {
+        extree_node_unref(t, arr->pdata[i]);
+    }
+    g_free(bounce);
     g_ptr_array_free(arr, true);
     return ret;
 }
