@@ -66,6 +66,7 @@ typedef struct Run {
     uint64_t extents;           /* model_extent_count(), incrementally */
     uint8_t *hostmap;           /* HOST_* per host block */
     uint64_t hostmap_len;
+    GArray *host_changed;       /* host blocks whose HOST_CUR changed */
     uint64_t data_start;
     uint64_t seq_next;          /* block after the last insert */
 
@@ -142,16 +143,28 @@ static uint8_t *host_slot(Run *r, uint64_t host)
 /* The durable state is now the current one */
 static void host_commit(Run *r)
 {
-    /* Branch-free so that it vectorizes: this runs at every commit */
-    for (uint64_t i = 0; i < r->hostmap_len; i++) {
-        r->hostmap[i] = (r->hostmap[i] & HOST_CUR) * (HOST_CUR | HOST_COMMITTED);
+    for (guint i = 0; i < r->host_changed->len; i++) {
+        uint8_t *s = &r->hostmap[g_array_index(r->host_changed, uint64_t, i)];
+        *s = (*s & HOST_CUR) ? HOST_CUR | HOST_COMMITTED : 0;
     }
+    g_array_set_size(r->host_changed, 0);
+}
+
+/* Set or clear HOST_CUR of host block @host */
+static void host_use(Run *r, uint64_t host, bool used)
+{
+    uint8_t *s = host_slot(r, host);
+    uint64_t i = host / r->bs;
+
+    *s = used ? *s | HOST_CUR : *s & ~HOST_CUR;
+    g_array_append_val(r->host_changed, i);
 }
 
 /* Rebuild from the model after a reopen: current = committed = model */
 static void host_rebuild(Run *r)
 {
     memset(r->hostmap, 0, r->hostmap_len);
+    g_array_set_size(r->host_changed, 0);
     for (uint64_t i = 0; i < r->model.nblocks; i++) {
         if (r->model.b[i].type == EXTREE_RUN_DATA) {
             *host_slot(r, r->model.b[i].host) = HOST_CUR | HOST_COMMITTED;
@@ -203,13 +216,13 @@ static void model_apply(Run *r, uint64_t blk, uint64_t n, ExtreeRunType type,
 {
     for (uint64_t i = blk; i < blk + n; i++) {
         if (r->model.b[i].type == EXTREE_RUN_DATA) {
-            *host_slot(r, r->model.b[i].host) &= ~HOST_CUR;
+            host_use(r, r->model.b[i].host, false);
         }
     }
     model_set(&r->model, blk, n, type, host, 0);
     if (type == EXTREE_RUN_DATA) {
         for (uint64_t i = 0; i < n; i++) {
-            *host_slot(r, host + i * r->bs) |= HOST_CUR;
+            host_use(r, host + i * r->bs, true);
         }
     }
 }
@@ -554,6 +567,7 @@ static void run_variant(gconstpointer opaque)
     model_init(&r->committed, v->virtual_size, v->block_size);
     r->hostmap_len = 1024;
     r->hostmap = g_malloc0(r->hostmap_len);
+    r->host_changed = g_array_new(false, false, sizeof(uint64_t));
 
     r->be = extree_mem_backend_new();
     ret = extree_create(r->be, &cp, &err);
@@ -602,6 +616,7 @@ static void run_variant(gconstpointer opaque)
     model_destroy(&r->model);
     model_destroy(&r->committed);
     g_free(r->hostmap);
+    g_array_free(r->host_changed, true);
     g_free(r);
 }
 
