@@ -628,11 +628,179 @@ static void test_faults(void)
     model_destroy(&s1);
 }
 
+/* ---- failed reads ---- */
+
+/*
+ * With a cache smaller than the tree, walk the image, make 300 random
+ * updates and commit; stop at the first error, which must be -EIO.
+ * Returns whether everything (including the commit) succeeded.
+ */
+static bool read_workload(Extree *t, Model *m, bool *failed)
+{
+    uint64_t rng = 7;
+    ExtreeCursor c;
+    ExtreeRun run;
+    bool changing = false;      /* the failed call changes the tree */
+    int ret = 0;
+
+    extree_cursor_init(&c, t);
+    for (uint64_t g = 0; g < VSIZE && ret == 0; g += run.length) {
+        ExtreeRun exp;
+        ret = extree_cursor_query(&c, g, VSIZE - g, EXTREE_COALESCE_HOST,
+                                  &run);
+        if (ret == 0) {
+            model_run(m, g, VSIZE - g, EXTREE_COALESCE_HOST, &exp);
+            g_assert_cmpuint(run.length, ==, exp.length);
+            g_assert_cmpuint(run.type, ==, exp.type);
+        }
+    }
+    extree_cursor_release(&c);
+    if (ret < 0) {
+        /* A failed query changes nothing: the updates still work */
+        g_assert_cmpint(ret, ==, -EIO);
+        *failed = true;
+        ret = 0;
+    }
+    for (int i = 0; i < 300 && ret == 0; i++) {
+        uint64_t blk = model_rand_below(&rng, VSIZE / BS - 4);
+        uint64_t n = 1 + model_rand_below(&rng, 4);
+        unsigned dice = model_rand_below(&rng, 3);
+        uint64_t host, got;
+
+        changing = true;
+        if (dice == 0) {
+            ret = extree_punch(t, blk * BS, n * BS);
+            if (ret == 0) {
+                model_set(m, blk, n, EXTREE_RUN_UNALLOC, 0, 0);
+            }
+        } else if (dice == 1) {
+            ret = extree_set_zero(t, blk * BS, n * BS);
+            if (ret == 0) {
+                model_set(m, blk, n, EXTREE_RUN_ZERO, 0, 0);
+            }
+        } else {
+            changing = false;
+            ret = extree_alloc_data(t, blk * BS, n * BS, &host, &got);
+            if (ret == 0) {
+                changing = true;
+                ret = extree_map_data(t, blk * BS, got, host);
+            }
+            if (ret == 0) {
+                model_set(m, blk, got / BS, EXTREE_RUN_DATA, host, 0);
+            }
+        }
+    }
+    if (ret < 0) {
+        g_assert_cmpint(ret, ==, -EIO);
+        *failed = true;
+        /* An update that failed may have stopped half-way: the handle
+         * must refuse further updates, and commit anything only if
+         * nothing was changed yet */
+        if (!changing) {
+            return false;
+        }
+        g_assert_cmpint(extree_punch(t, 0, BS), ==, -EIO);
+        ret = extree_commit(t);
+        g_assert_true(ret == -EIO || (ret == 0 && !extree_is_dirty(t)));
+        return false;
+    }
+    ret = extree_commit(t);
+    if (ret < 0) {
+        g_assert_cmpint(ret, ==, -EIO);
+        *failed = true;
+    }
+    return ret == 0;
+}
+
+static void test_read_faults(void)
+{
+    ExtreeOpenOptions small = { .cache_size = 1 };     /* the minimum */
+    ExtreeBackend *base = extree_mem_backend_new();
+    ExtreeMemStats st;
+    Model s0, m;
+    Extree *t;
+    char *err = NULL;
+    uint64_t rng = 3, reads, gen0, committed = 0, failed_count = 0;
+    ExtreeStats ts;
+
+    /* A tree of some 60 leaves, twice the smallest cache */
+    model_init(&s0, VSIZE, BS);
+    model_init(&m, VSIZE, BS);
+    g_assert_cmpint(extree_create(base, &create_params, &err), ==, 0);
+    g_assert_cmpint(extree_open(base, &small, &t, &err), ==, 0);
+    for (int i = 0; i < 6000; i++) {
+        uint64_t blk = model_rand_below(&rng, VSIZE / BS - 1), host, got;
+        g_assert_cmpint(extree_alloc_data(t, blk * BS, BS, &host, &got), ==,
+                        0);
+        g_assert_cmpint(extree_map_data(t, blk * BS, got, host), ==, 0);
+        model_set(&s0, blk, 1, EXTREE_RUN_DATA, host, 0);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    gen0 = extree_generation(t);
+    extree_close(t);
+
+    /* How many reads the workload does when nothing fails */
+    {
+        ExtreeBackend *img = extree_mem_backend_clone(base);
+        bool failed = false;
+
+        model_copy(&m, &s0);
+        g_assert_cmpint(extree_open(img, &small, &t, &err), ==, 0);
+        extree_mem_backend_reset_stats(img);
+        g_assert_true(read_workload(t, &m, &failed));
+        extree_mem_backend_stats(img, &st);
+        extree_stats(t, &ts);
+        extree_close(t);
+        extree_mem_backend_free(img);
+        reads = st.reads;
+        g_assert_cmpuint(ts.evictions, >, 0);
+    }
+
+    for (uint64_t nth = 0; nth < reads; nth++) {
+        ExtreeBackend *img = extree_mem_backend_clone(base);
+        bool failed = false, ok;
+        ExtreeCheckResult res;
+        char *diff;
+
+        model_copy(&m, &s0);
+        g_assert_cmpint(extree_open(img, &small, &t, &err), ==, 0);
+        extree_mem_backend_inject_fault(img, EXTREE_FAULT_READ, nth, false);
+        ok = read_workload(t, &m, &failed);
+        g_assert_cmpuint(extree_mem_backend_faults(img), ==, 1);
+        extree_close(t);
+
+        /* The last commit survives, and nothing is damaged or leaked */
+        g_assert_cmpint(extree_open(img, &small, &t, &err), ==, 0);
+        g_assert_cmpuint(extree_generation(t), ==, gen0 + ok);
+        diff = model_compare_walk(ok ? &m : &s0, t, EXTREE_COALESCE_HOST,
+                                  NULL);
+        if (diff) {
+            g_error("read %" PRIu64 " failed: %s", nth, diff);
+        }
+        g_assert_cmpint(extree_check(t, false, &res, report_line, NULL), ==,
+                        0);
+        g_assert_cmpuint(res.corruptions, ==, 0);
+        g_assert_cmpuint(res.leaks, ==, 0);
+        extree_close(t);
+        extree_mem_backend_free(img);
+        committed += ok;
+        failed_count += failed;
+    }
+    g_test_message("%" PRIu64 " node reads, each made to fail: %" PRIu64
+                   " runs failed with -EIO, %" PRIu64 " still committed "
+                   "(the read was retried or not needed)", reads,
+                   failed_count, committed);
+    model_destroy(&s0);
+    model_destroy(&m);
+    extree_mem_backend_free(base);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/crash/create", test_create);
     g_test_add_func("/crash/enumerate", test_enumerate);
     g_test_add_func("/crash/faults", test_faults);
+    g_test_add_func("/crash/read-faults", test_read_faults);
     return g_test_run();
 }

@@ -98,7 +98,7 @@ fail(Run *r, const char *fmt, ...)
          i <= r->opno; i++) {
         fprintf(stderr, "  %s\n", r->trace[i % TRACE_LEN]);
     }
-    fprintf(stderr, "replay: EXTREE_SEED=%" PRIu64 " -p /model/%s\n",
+    fprintf(stderr, "replay: EXTREE_SEED=%" PRIu64 " test-model -p /model/%s\n",
             r->seed, r->v->name);
     g_test_message("FAIL variant %s seed %" PRIu64 " op %" PRIu64 ": %s",
                    r->v->name, r->seed, r->opno, msg);
