@@ -104,17 +104,23 @@ void model_run(const Model *m, uint64_t guest, uint64_t max_bytes,
                 first->host + guest % bs : 0;
 }
 
-uint64_t model_extent_count(const Model *m)
+uint64_t model_extent_starts(const Model *m, uint64_t blk, uint64_t end)
 {
     uint64_t count = 0;
 
-    for (uint64_t i = 0; i < m->nblocks; i++) {
+    end = MIN(end, m->nblocks);
+    for (uint64_t i = blk; i < end; i++) {
         if (m->b[i].type != EXTREE_RUN_UNALLOC &&
             (i == 0 || !joins(m, i, m->b[i].type, EXTREE_COALESCE_HOST))) {
             count++;
         }
     }
     return count;
+}
+
+uint64_t model_extent_count(const Model *m)
+{
+    return model_extent_starts(m, 0, m->nblocks);
 }
 
 uint64_t model_data_blocks(const Model *m)

@@ -50,6 +50,8 @@ void model_run(const Model *m, uint64_t guest, uint64_t max_bytes,
 /* Items the extent tree must hold: maximal DATA (host-contiguous) and ZERO
  * runs.  O(blocks). */
 uint64_t model_extent_count(const Model *m);
+/* Items that start in blocks [blk, end) */
+uint64_t model_extent_starts(const Model *m, uint64_t blk, uint64_t end);
 uint64_t model_data_blocks(const Model *m);
 
 /*

@@ -98,8 +98,8 @@ fail(Run *r, const char *fmt, ...)
          i <= r->opno; i++) {
         fprintf(stderr, "  %s\n", r->trace[i % TRACE_LEN]);
     }
-    fprintf(stderr, "replay: EXTREE_SEED=%" PRIu64 " test-model -p /model/%s\n",
-            r->seed, r->v->name);
+    fprintf(stderr, "replay: EXTREE_SEED=%" PRIu64
+            " test-model -p /model/%s\n", r->seed, r->v->name);
     g_test_message("FAIL variant %s seed %" PRIu64 " op %" PRIu64 ": %s",
                    r->v->name, r->seed, r->opno, msg);
     g_free(msg);
@@ -189,25 +189,6 @@ static void check_alloc(Run *r, uint64_t bytes, uint64_t host, uint64_t got)
                  " mapping", h, (s & HOST_CUR) ? "current" : "committed");
         }
     }
-}
-
-/* Items of the model that start in blocks [blk, end) */
-static uint64_t starts_in(const Model *m, uint64_t blk, uint64_t end)
-{
-    uint64_t count = 0;
-
-    end = MIN(end, m->nblocks);
-    for (uint64_t i = blk; i < end; i++) {
-        const ModelBlock *b = &m->b[i], *p = i ? &m->b[i - 1] : NULL;
-        if (b->type == EXTREE_RUN_UNALLOC) {
-            continue;
-        }
-        if (!p || p->type != b->type ||
-            (b->type == EXTREE_RUN_DATA && b->host != p->host + m->block_size)) {
-            count++;
-        }
-    }
-    return count;
 }
 
 /* Apply to model and host map */
@@ -485,7 +466,7 @@ static void one_op(Run *r)
         blk = r->seq_next;
         n = MIN(n, r->model.nblocks - blk);
     }
-    before_starts = starts_in(&r->model, blk, blk + n + 1);
+    before_starts = model_extent_starts(&r->model, blk, blk + n + 1);
 
     if (seq) {
         trace(r, "seq insert blk %" PRIu64 " n %" PRIu64, blk, n);
@@ -521,7 +502,7 @@ static void one_op(Run *r)
     }
 
     /* The item count changes only around the operation */
-    r->extents += starts_in(&r->model, blk, blk + n + 1);
+    r->extents += model_extent_starts(&r->model, blk, blk + n + 1);
     r->extents -= before_starts;
     if (extree_extent_count(r->t) != r->extents) {
         fail(r, "extent count %" PRIu64 ", model %" PRIu64,
