@@ -219,6 +219,40 @@ static void check_range(Run *r, uint64_t guest, uint64_t bytes, int coalesce)
     }
 }
 
+/* extree_lookup over [guest, guest + bytes), at most @max runs */
+static void check_lookup(Run *r, uint64_t guest, uint64_t bytes, int max)
+{
+    ExtreeRun runs[8], exp;
+    uint64_t end = MIN(guest + bytes, r->v->virtual_size);
+    int n, ret;
+
+    g_assert(max <= (int)G_N_ELEMENTS(runs));
+    ret = extree_lookup(r->t, guest, end - guest, runs, max, &n);
+    check_ret(r, ret, "extree_lookup");
+    if (n < 1 || n > max) {
+        fail(r, "lookup(0x%" PRIx64 ", 0x%" PRIx64 ", %d) gave %d runs",
+             guest, end - guest, max, n);
+    }
+    for (int i = 0; i < n; i++) {
+        model_run(&r->model, guest, end - guest, EXTREE_COALESCE_HOST, &exp);
+        if (runs[i].guest != exp.guest || runs[i].length != exp.length ||
+            runs[i].type != exp.type ||
+            (exp.type == EXTREE_RUN_DATA && runs[i].host != exp.host)) {
+            fail(r, "lookup run %d: have type %u 0x%" PRIx64 "+0x%" PRIx64
+                 " host 0x%" PRIx64 ", expect type %u 0x%" PRIx64 "+0x%"
+                 PRIx64 " host 0x%" PRIx64, i, runs[i].type, runs[i].guest,
+                 runs[i].length, runs[i].host, exp.type, exp.guest,
+                 exp.length, exp.host);
+        }
+        guest += exp.length;
+    }
+    /* Fewer runs than allowed only when the range is covered */
+    if (n < max && guest != end) {
+        fail(r, "lookup stopped at 0x%" PRIx64 " of 0x%" PRIx64 " after %d "
+             "of %d runs", guest, end, n, max);
+    }
+}
+
 static void check_walk(Run *r)
 {
     for (int coalesce = 0; coalesce < 2; coalesce++) {
@@ -518,6 +552,8 @@ static void one_op(Run *r)
     max = (1 + model_rand_below(&r->rng, 64 * r->bs / 512)) * 512;
     check_range(r, probe, MIN(max, r->v->virtual_size - probe),
                 (r->opno >> 1) & 1);
+    check_lookup(r, blk ? (blk - 1) * r->bs : 0, (n + 2) * r->bs,
+                 1 + model_rand_below(&r->rng, 8));
 }
 
 static void run_variant(gconstpointer opaque)
