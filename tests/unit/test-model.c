@@ -434,6 +434,29 @@ static void do_reopen(Run *r, bool commit)
     extree_cursor_release(&r->cur);
     extree_close(r->t);
     r->t = NULL;
+    if (r->n.reopens % 4 == 0) {
+        /* A read-only open in between sees the same and changes nothing */
+        ExtreeOpenOptions ro = r->opts;
+        char *err = NULL;
+        Extree *t;
+        int ret;
+
+        ro.read_only = true;
+        ret = extree_open(r->be, &ro, &t, &err);
+        if (ret < 0) {
+            fail(r, "read-only open: %s: %s", g_strerror(-ret), err);
+        }
+        diff = model_compare_walk(&r->committed, t, EXTREE_COALESCE_ALLOC,
+                                  NULL);
+        if (diff) {
+            fail(r, "read-only open: %s", diff);
+        }
+        if (extree_punch(t, 0, r->bs) != -EROFS ||
+            extree_commit(t) != 0 || extree_is_dirty(t)) {
+            fail(r, "read-only open accepts updates");
+        }
+        extree_close(t);
+    }
     do_open(r);
 
     if (extree_generation(r->t) != r->gen) {
