@@ -296,9 +296,10 @@ static void check_tree(Run *r)
     int ret = extree_check(r->t, false, &res, check_report, r);
 
     check_ret(r, ret, "extree_check");
-    if (res.corruptions || res.leaks) {
+    if (res.corruptions || res.leaks || res.unmerged) {
         fail(r, "checker: %" PRIu64 " corruptions, %" PRIu64 " leaks (%"
-             PRIu64 " bytes)", res.corruptions, res.leaks, res.leaked_bytes);
+             PRIu64 " bytes), %" PRIu64 " unmerged items", res.corruptions,
+             res.leaks, res.leaked_bytes, res.unmerged);
     }
     if (res.extents != r->extents ||
         res.data_bytes != model_data_blocks(&r->model) * r->bs) {
