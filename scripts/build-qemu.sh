@@ -96,6 +96,9 @@ fi
 # ccache through its compiler links: QEMU's configure records plain "cc".
 if [ -d /usr/lib/ccache ]; then
     export PATH=/usr/lib/ccache:$PATH
+    # Paths under the checkout are hashed relative to it, so that another
+    # clone (CI's) hits the same cache entries.
+    export CCACHE_BASEDIR=$top CCACHE_NOHASHDIR=true
 else
     say "warning: ccache not installed, rebuilds will be slower"
 fi
