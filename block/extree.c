@@ -55,6 +55,14 @@
  */
 #define EXTREE_CORE_DIRTY_LIMIT_OFF     (UINT64_MAX / 2)
 
+/*
+ * Largest virtual size: the format allows EXTREE_MAX_VIRTUAL_SIZE, QEMU's
+ * block layer BDRV_MAX_LENGTH (2^63 - 1 rounded down to 1 GiB), which is
+ * smaller.
+ */
+#define EXTREE_QEMU_MAX_SIZE \
+    MIN((uint64_t)EXTREE_MAX_VIRTUAL_SIZE, (uint64_t)BDRV_MAX_LENGTH)
+
 /* Runs looked up per lock hold on the read path */
 #define EXTREE_READ_BATCH               16
 
@@ -1580,8 +1588,11 @@ extree_preallocate(BDRVExtreeState *s, uint64_t start, uint64_t end,
         max_end = MAX(max_end, host + got);
         start += got;
     }
-    if (mode != PREALLOC_MODE_METADATA && max_end > (uint64_t)file_len) {
-        ret = bdrv_co_truncate(bs->file, max_end, false, mode, 0, errp);
+    if (max_end > (uint64_t)file_len) {
+        /* metadata: a sparse file that covers the data, like qcow2 */
+        ret = bdrv_co_truncate(bs->file, max_end, false,
+                               mode == PREALLOC_MODE_METADATA ?
+                               PREALLOC_MODE_OFF : mode, 0, errp);
     }
     return ret;
 }
@@ -1600,9 +1611,9 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
         error_setg(errp, "The new size must be a multiple of 512");
         return -EINVAL;
     }
-    if ((uint64_t)offset > EXTREE_MAX_VIRTUAL_SIZE) {
+    if ((uint64_t)offset > EXTREE_QEMU_MAX_SIZE) {
         error_setg(errp, "The new size must be at most %" PRIu64 " bytes",
-                   (uint64_t)EXTREE_MAX_VIRTUAL_SIZE);
+                   EXTREE_QEMU_MAX_SIZE);
         return -EINVAL;
     }
     if (prealloc != PREALLOC_MODE_OFF && prealloc != PREALLOC_MODE_METADATA &&
@@ -1965,9 +1976,9 @@ static int extree_check_create(uint64_t size, uint64_t block_size,
                                bool has_backing_fmt, PreallocMode prealloc,
                                Error **errp)
 {
-    if (size > EXTREE_MAX_VIRTUAL_SIZE) {
+    if (size > EXTREE_QEMU_MAX_SIZE) {
         error_setg(errp, "Image size must be at most %" PRIu64 " bytes",
-                   (uint64_t)EXTREE_MAX_VIRTUAL_SIZE);
+                   EXTREE_QEMU_MAX_SIZE);
         return -EINVAL;
     }
     if (size % BDRV_SECTOR_SIZE) {
@@ -2141,7 +2152,9 @@ extree_co_create_opts(BlockDriver *drv, const char *filename, QemuOpts *opts,
     prealloc = qapi_enum_parse(&PreallocMode_lookup, prealloc_str,
                                PREALLOC_MODE_OFF, &local_err);
     if (local_err) {
-        error_propagate(errp, local_err);
+        error_free(local_err);
+        error_setg(errp, "Invalid preallocation mode '%s' (allowed values: "
+                   "off, metadata, falloc, full)", prealloc_str);
         return -EINVAL;
     }
     backing_fmt = qemu_opt_get(opts, BLOCK_OPT_BACKING_FMT);
@@ -2369,7 +2382,7 @@ static QemuOptsList extree_create_opts = {
         {
             .name = BLOCK_OPT_SIZE,
             .type = QEMU_OPT_SIZE,
-            .help = "Virtual disk size (at most 0x7fffffffffe00000 bytes)"
+            .help = "Virtual disk size (at most 0x7fffffffc0000000 bytes)"
         },
         {
             .name = BLOCK_OPT_BACKING_FILE,

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+#
+# Look into and damage extree images, for the extree iotests
+# (docs/interop/extree.rst describes the layout).
+#
+#   xtpoke.py IMAGE info               superblock slot, generation, nodes
+#   xtpoke.py IMAGE nodes              every node: tree, level, offset
+#   xtpoke.py IMAGE incompat MASK      set incompatible feature bits in
+#                                      both superblocks (checksums fixed)
+#   xtpoke.py IMAGE leak BLOCKS        raise host_end by BLOCKS blocks in
+#                                      the newest superblock: leaked space
+#   xtpoke.py IMAGE DAMAGE             one of the damages below
+#
+# Copyright (c) 2026 The extree authors
+#
+# SPDX-License-Identifier: GPL-2.0-or-later
+
+import struct
+import sys
+
+SB_SIZE = 4096
+HDR = 64
+LEAF_ITEM = 32
+PTR_ITEM = 24
+
+
+def crc32c(data):
+    """CRC-32C (Castagnoli), reflected, init and final xor ~0"""
+    table = crc32c.table
+    if table is None:
+        table = []
+        for i in range(256):
+            c = i
+            for _ in range(8):
+                c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+            table.append(c)
+        crc32c.table = table
+    crc = 0xffffffff
+    for b in data:
+        crc = table[(crc ^ b) & 0xff] ^ (crc >> 8)
+    return crc ^ 0xffffffff
+
+
+crc32c.table = None
+
+
+class Image:
+    def __init__(self, path):
+        self.f = open(path, 'r+b')
+        self.slots = {}
+        for slot in (0, 1):
+            b = self.read(slot * SB_SIZE, SB_SIZE)
+            if len(b) == SB_SIZE and b[:8] == b'EXTREE\r\n':
+                gen = struct.unpack_from('<Q', b, 24)[0]
+                self.slots[slot] = (gen, b)
+        self.slot = max(self.slots, key=lambda s: self.slots[s][0])
+        sb = self.slots[self.slot][1]
+        self.gen = self.slots[self.slot][0]
+        self.block_size, self.node_size = struct.unpack_from('<II', sb, 64)
+        self.host_end = struct.unpack_from('<Q', sb, 72)[0]
+        self.roots = {'extent': struct.unpack_from('<QQB', sb, 80),
+                      'free': struct.unpack_from('<QQB', sb, 104)}
+
+    def read(self, off, n):
+        self.f.seek(off)
+        return self.f.read(n)
+
+    def write(self, off, data):
+        self.f.seek(off)
+        self.f.write(data)
+
+    def nodes(self, tree):
+        """(offset, level, nritems) of every node of @tree, root first"""
+        out = []
+        todo = [self.roots[tree][0]]
+        while todo:
+            off = todo.pop(0)
+            b = self.read(off, self.node_size)
+            level = b[28]
+            nr = struct.unpack_from('<I', b, 32)[0]
+            out.append((off, level, nr))
+            if level:
+                for i in range(nr):
+                    todo.append(struct.unpack_from('<Q', b,
+                                                   HDR + PTR_ITEM * i + 8)[0])
+        return out
+
+    def fix_node_csum(self, off):
+        b = self.read(off, self.node_size)
+        self.write(off, struct.pack('<I', crc32c(b[4:])))
+
+    def rewrite_super(self, slot, change):
+        b = bytearray(self.slots[slot][1])
+        change(b)
+        struct.pack_into('<I', b, 16, 0)
+        struct.pack_into('<I', b, 16, crc32c(bytes(b)))
+        self.write(slot * SB_SIZE, bytes(b))
+
+
+def main():
+    img = Image(sys.argv[1])
+    what = sys.argv[2]
+    ext = img.nodes('extent')
+    free = img.nodes('free')
+    leaves = [n for n in ext if n[1] == 0]
+    interior = [n for n in ext if n[1] > 0]
+
+    if what == 'info':
+        print('superblock slot %d, generation %d, %d extent tree nodes '
+              '(%d levels), %d free tree nodes' %
+              (img.slot, img.gen, len(ext), ext[0][1] + 1, len(free)))
+    elif what == 'nodes':
+        for tree, nodes in (('extent', ext), ('free', free)):
+            for off, level, nr in nodes:
+                print('%s level %d items %d at 0x%x' % (tree, level, nr, off))
+    elif what == 'incompat':
+        mask = int(sys.argv[3], 0)
+        for slot in img.slots:
+            img.rewrite_super(slot, lambda b: struct.pack_into(
+                '<Q', b, 32, struct.unpack_from('<Q', b, 32)[0] | mask))
+        print('incompatible features |= 0x%x' % mask)
+    elif what == 'leak':
+        n = int(sys.argv[3]) * img.block_size
+        img.rewrite_super(img.slot, lambda b: struct.pack_into(
+            '<Q', b, 72, img.host_end + n))
+        print('host_end 0x%x -> 0x%x' % (img.host_end, img.host_end + n))
+    elif what == 'super-field':
+        # newest slot: a field out of range, checksum valid
+        img.rewrite_super(img.slot, lambda b: struct.pack_into('<I', b, 64,
+                                                               3000))
+        print('superblock slot %d: block_size 3000' % img.slot)
+    elif what == 'super-csum':
+        # newest slot: a torn write (bad checksum)
+        img.write(img.slot * SB_SIZE + 200, b'\xff' * 8)
+        print('superblock slot %d: checksum' % img.slot)
+    elif what == 'super-both':
+        for slot in (0, 1):
+            img.write(slot * SB_SIZE + 200, b'\xff' * 8)
+        print('both superblocks: checksum')
+    elif what == 'leaf-csum':
+        off = leaves[-1][0]
+        img.write(off + HDR + 8, b'\x55' * 4)       # an item length
+        print('extent tree leaf: checksum')
+    elif what == 'leaf-bytenr':
+        off = leaves[-1][0]
+        bytenr = struct.unpack('<Q', img.read(off + 8, 8))[0]
+        img.write(off + 8, struct.pack('<Q', bytenr + img.node_size))
+        img.fix_node_csum(off)
+        print('extent tree leaf: bytenr')
+    elif what == 'leaf-item':
+        # two items overlap, checksum valid
+        off = leaves[-1][0]
+        length = struct.unpack('<Q', img.read(off + HDR + 8, 8))[0]
+        img.write(off + HDR + 8, struct.pack('<Q', length + 16 *
+                                             img.block_size))
+        img.fix_node_csum(off)
+        print('extent tree leaf: overlapping items')
+    elif what == 'free-node':
+        off = free[0][0]
+        img.write(off + 40, b'\x01')                # covered by the checksum
+        print('free tree node: checksum')
+    elif what == 'child-ptr':
+        off = interior[0][0]
+        at = off + HDR + PTR_ITEM * 1 + 8           # child of item 1
+        child = struct.unpack('<Q', img.read(at, 8))[0]
+        img.write(at, struct.pack('<Q', child + img.block_size))
+        img.fix_node_csum(off)
+        print('interior node: child pointer')
+    elif what == 'child-gen':
+        off = interior[0][0]
+        at = off + HDR + PTR_ITEM * 1 + 16          # child_generation
+        gen = struct.unpack('<Q', img.read(at, 8))[0]
+        img.write(at, struct.pack('<Q', gen + 1))
+        img.fix_node_csum(off)
+        print('interior node: child generation')
+    else:
+        sys.exit('xtpoke.py: unknown request ' + what)
+    img.f.close()
+
+
+main()
