@@ -170,7 +170,7 @@ def main():
         off = interior[0][0]
         at = off + HDR + PTR_ITEM * 1 + 16          # child_generation
         gen = struct.unpack('<Q', img.read(at, 8))[0]
-        img.write(at, struct.pack('<Q', gen + 1))
+        img.write(at, struct.pack('<Q', gen - 1))
         img.fix_node_csum(off)
         print('interior node: child generation')
     else:
