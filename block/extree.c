@@ -629,8 +629,8 @@ static int extree_parse_runtime_opts(QDict *options, uint64_t *cache_size,
     *commit_interval = qemu_opt_get_number(opts, EXTREE_OPT_COMMIT_INTERVAL,
                                            EXTREE_DEFAULT_COMMIT_INTERVAL);
     if (*commit_interval > EXTREE_MAX_COMMIT_INTERVAL) {
-        error_setg(errp, "'" EXTREE_OPT_COMMIT_INTERVAL "' must be at most %d "
-                   "seconds", EXTREE_MAX_COMMIT_INTERVAL);
+        error_setg(errp, "'" EXTREE_OPT_COMMIT_INTERVAL "' must be between 0 "
+                   "and %d seconds", EXTREE_MAX_COMMIT_INTERVAL);
         ret = -EINVAL;
     }
 out:
