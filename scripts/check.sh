@@ -9,11 +9,7 @@ cd "$top"
 
 rc=0
 meson test -C build/core --suite unit --print-errorlogs || rc=1
-# Count the TAP cases of each unit test program.
-unit_pass=$(grep -c -E '^ok [0-9]+' build/core/meson-logs/testlog.txt || true)
-unit_fail=$(grep -c -E '^not ok [0-9]+' build/core/meson-logs/testlog.txt || true)
-unit_skip=$(grep -c -E '^ok [0-9]+ .*# ?SKIP' build/core/meson-logs/testlog.txt || true)
-unit_pass=$((unit_pass - unit_skip))
+read -r unit_pass unit_fail unit_skip < <(scripts/unit-summary.py build/core/meson-logs/testlog.json)
 
 rm -f build/iotests/summary
 scripts/run-iotests.sh || rc=1
