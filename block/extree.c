@@ -1719,39 +1719,47 @@ extree_co_getlength(BlockDriverState *bs)
     return extree_virtual_size(s->t);
 }
 
+typedef struct ExtreeMakeEmptyCo {
+    BlockDriverState *bs;
+    int ret;
+} ExtreeMakeEmptyCo;
+
+static void coroutine_fn extree_make_empty_entry(void *opaque)
+{
+    ExtreeMakeEmptyCo *mc = opaque;
+    BDRVExtreeState *s = mc->bs->opaque;
+    uint64_t end;
+    int ret = 0;
+
+    GRAPH_RDLOCK_GUARD();
+
+    qemu_co_mutex_lock(&s->lock);
+    end = ROUND_UP(extree_virtual_size(s->t), s->block_size);
+    if (s->core_read_only) {
+        ret = -EACCES;
+    } else if (end) {
+        ret = extree_update_range(s, 0, end, EXTREE_OP_PUNCH);
+        if (ret == 0) {
+            ret = extree_commit_locked(s);
+        }
+    }
+    extree_unlock(s);
+    mc->ret = ret;
+    aio_wait_kick();
+}
+
 /*
- * qemu-img commit empties the top image after committing it down:
- * everything unallocated, space freed.
+ * qemu-img commit (and the commit block job) empty the top image after
+ * committing it down: everything unallocated, space freed, committed.
  */
 static int GRAPH_RDLOCK extree_make_empty(BlockDriverState *bs)
 {
-    BDRVExtreeState *s = bs->opaque;
-    uint64_t end = ROUND_UP(extree_virtual_size(s->t), s->block_size);
-    int ret;
+    ExtreeMakeEmptyCo mc = { .bs = bs, .ret = -EINPROGRESS };
 
-    if (s->core_read_only) {
-        return -EACCES;
-    }
-    if (!end) {
-        return 0;
-    }
-    /*
-     * Only called with no request in flight (qemu-img commit, the commit
-     * job's end): no lock.  Keep the timer from starting a commit while
-     * the core polls for its I/O.
-     */
-    assert(s->io_inflight == 0 && QLIST_EMPTY(&s->alloc_reqs));
-    extree_detach_aio_context(bs);
-    ret = extree_collect_freed(s, 0, end);
-    if (ret == 0) {
-        ret = extree_punch(s->t, 0, end);
-    }
-    if (ret == 0) {
-        ret = extree_commit_now(s);
-    }
-    extree_handle_corruption(s);
-    extree_attach_aio_context(bs, bdrv_get_aio_context(bs));
-    return ret;
+    aio_co_enter(bdrv_get_aio_context(bs),
+                 qemu_coroutine_create(extree_make_empty_entry, &mc));
+    BDRV_POLL_WHILE(bs, mc.ret == -EINPROGRESS);
+    return mc.ret;
 }
 
 /* ---- Block status ---- */
