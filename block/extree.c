@@ -1270,15 +1270,20 @@ typedef enum ExtreeRangeOp {
 
 /*
  * Remember the DATA host ranges in guest [start, end) for a discard after
- * the next commit.  Called with s->lock held (or no request in flight).
- * O(extents in the range).
+ * the next commit, before an update frees them.  *@mark is where they
+ * start in s->freed: if the update fails, extree_forget_freed() drops them
+ * (they are still in use then).  Called with s->lock held (or no request
+ * in flight).  O(extents in the range).
  */
 static int coroutine_mixed_fn GRAPH_RDLOCK
-extree_collect_freed(BDRVExtreeState *s, uint64_t start, uint64_t end)
+extree_collect_freed(BDRVExtreeState *s, uint64_t start, uint64_t end,
+                     guint *mark)
 {
     uint64_t vsize = extree_virtual_size(s->t);
     ExtreeCursor cur;
     int ret = 0;
+
+    *mark = s->freed->len;
 
     end = MIN(end, vsize);
     extree_cursor_init(&cur, s->t);
@@ -1294,7 +1299,7 @@ extree_collect_freed(BDRVExtreeState *s, uint64_t start, uint64_t end)
             ExtreeHostRange r = {
                 run.host, ROUND_UP(run.length, s->block_size)
             };
-            ExtreeHostRange *last = s->freed->len ?
+            ExtreeHostRange *last = s->freed->len > *mark ?
                 &g_array_index(s->freed, ExtreeHostRange, s->freed->len - 1) :
                 NULL;
             if (last && last->start + last->len == r.start) {
@@ -1306,7 +1311,15 @@ extree_collect_freed(BDRVExtreeState *s, uint64_t start, uint64_t end)
         start += run.length;
     }
     extree_cursor_release(&cur);
+    if (ret < 0) {
+        g_array_set_size(s->freed, *mark);
+    }
     return ret;
+}
+
+static void extree_forget_freed(BDRVExtreeState *s, guint mark)
+{
+    g_array_set_size(s->freed, mark);
 }
 
 /*
@@ -1318,19 +1331,25 @@ static int coroutine_fn GRAPH_RDLOCK
 extree_update_range(BDRVExtreeState *s, uint64_t start, uint64_t end,
                     ExtreeRangeOp op)
 {
+    guint mark;
     int ret;
 
     assert(QEMU_IS_ALIGNED(start | end, s->block_size) && start < end);
     trace_extree_update_range(s, start, end, op);
     extree_wait_alloc(s, start, end);
-    ret = extree_collect_freed(s, start, end);
+    ret = extree_collect_freed(s, start, end, &mark);
     if (ret < 0) {
         return ret;
     }
     if (op == EXTREE_OP_ZERO) {
-        return extree_set_zero(s->t, start, end - start);
+        ret = extree_set_zero(s->t, start, end - start);
+    } else {
+        ret = extree_punch(s->t, start, end - start);
     }
-    return extree_punch(s->t, start, end - start);
+    if (ret < 0) {
+        extree_forget_freed(s, mark);
+    }
+    return ret;
 }
 
 /*
@@ -1627,6 +1646,8 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
     old = extree_virtual_size(s->t);
     trace_extree_co_truncate_start(s, old, offset, prealloc, flags);
     if (offset < old) {
+        guint mark;
+
         if (prealloc != PREALLOC_MODE_OFF) {
             error_setg(errp, "Preallocation can't be used for shrinking an "
                        "image");
@@ -1634,9 +1655,12 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
             goto out;
         }
         extree_wait_alloc(s, QEMU_ALIGN_DOWN(offset, bsz), UINT64_MAX);
-        ret = extree_collect_freed(s, ROUND_UP(offset, bsz), old);
+        ret = extree_collect_freed(s, ROUND_UP(offset, bsz), old, &mark);
         if (ret == 0) {
             ret = extree_set_virtual_size(s->t, offset);
+            if (ret < 0) {
+                extree_forget_freed(s, mark);
+            }
         }
         if (ret < 0) {
             error_setg_errno(errp, -ret, "Could not shrink the image");
