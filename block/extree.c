@@ -849,6 +849,46 @@ static void GRAPH_UNLOCKED extree_close_bs(BlockDriverState *bs)
     s->freed = NULL;
 }
 
+/*
+ * Run @fn in a coroutine with s->lock held, from outside coroutine context
+ * (main loop), and wait for it: for the callbacks that are not drained, so
+ * that requests and the commit timer may be running.
+ */
+typedef int coroutine_fn GRAPH_RDLOCK ExtreeLockedFn(BDRVExtreeState *s);
+
+typedef struct ExtreeCallCo {
+    BlockDriverState *bs;
+    ExtreeLockedFn *fn;
+    int ret;
+} ExtreeCallCo;
+
+static void coroutine_fn extree_call_entry(void *opaque)
+{
+    ExtreeCallCo *c = opaque;
+    BDRVExtreeState *s = c->bs->opaque;
+    int ret;
+
+    GRAPH_RDLOCK_GUARD();
+
+    qemu_co_mutex_lock(&s->lock);
+    ret = c->fn(s);
+    extree_unlock(s);
+    c->ret = ret;
+    aio_wait_kick();
+}
+
+static int GRAPH_RDLOCK extree_call_locked(BlockDriverState *bs,
+                                           ExtreeLockedFn *fn)
+{
+    ExtreeCallCo c = { .bs = bs, .fn = fn, .ret = -EINPROGRESS };
+
+    assert(!qemu_in_coroutine());
+    aio_co_enter(bdrv_get_aio_context(bs),
+                 qemu_coroutine_create(extree_call_entry, &c));
+    BDRV_POLL_WHILE(bs, c.ret == -EINPROGRESS);
+    return c.ret;
+}
+
 /* ---- Reopen, inactivate, invalidate ---- */
 
 static int GRAPH_UNLOCKED
@@ -942,7 +982,10 @@ static void GRAPH_UNLOCKED extree_reopen_abort(BDRVReopenState *state)
     }
 }
 
-/* Migration: the destination takes over; commit and stop writing */
+/*
+ * Migration (or blockdev-set-active): the destination takes over; commit
+ * and stop writing.  Not drained: reads may go on meanwhile.
+ */
 static int GRAPH_RDLOCK extree_inactivate(BlockDriverState *bs)
 {
     BDRVExtreeState *s = bs->opaque;
@@ -950,7 +993,7 @@ static int GRAPH_RDLOCK extree_inactivate(BlockDriverState *bs)
 
     trace_extree_inactivate(s);
     extree_detach_aio_context(bs);
-    ret = extree_commit_now(s);
+    ret = extree_call_locked(bs, extree_commit_locked);
     if (ret < 0) {
         error_report("extree: Could not commit metadata on inactivation: %s",
                      strerror(-ret));
@@ -1743,47 +1786,33 @@ extree_co_getlength(BlockDriverState *bs)
     return extree_virtual_size(s->t);
 }
 
-typedef struct ExtreeMakeEmptyCo {
-    BlockDriverState *bs;
-    int ret;
-} ExtreeMakeEmptyCo;
-
-static void coroutine_fn extree_make_empty_entry(void *opaque)
-{
-    ExtreeMakeEmptyCo *mc = opaque;
-    BDRVExtreeState *s = mc->bs->opaque;
-    uint64_t end;
-    int ret = 0;
-
-    GRAPH_RDLOCK_GUARD();
-
-    qemu_co_mutex_lock(&s->lock);
-    end = ROUND_UP(extree_virtual_size(s->t), s->block_size);
-    if (s->core_read_only) {
-        ret = -EACCES;
-    } else if (end) {
-        ret = extree_update_range(s, 0, end, EXTREE_OP_PUNCH);
-        if (ret == 0) {
-            ret = extree_commit_locked(s);
-        }
-    }
-    extree_unlock(s);
-    mc->ret = ret;
-    aio_wait_kick();
-}
-
 /*
  * qemu-img commit (and the commit block job) empty the top image after
  * committing it down: everything unallocated, space freed, committed.
+ * Called with s->lock held.
  */
+static int coroutine_fn GRAPH_RDLOCK
+extree_make_empty_locked(BDRVExtreeState *s)
+{
+    uint64_t end = ROUND_UP(extree_virtual_size(s->t), s->block_size);
+    int ret;
+
+    if (s->core_read_only) {
+        return -EACCES;
+    }
+    if (!end) {
+        return 0;
+    }
+    ret = extree_update_range(s, 0, end, EXTREE_OP_PUNCH);
+    if (ret == 0) {
+        ret = extree_commit_locked(s);
+    }
+    return ret;
+}
+
 static int GRAPH_RDLOCK extree_make_empty(BlockDriverState *bs)
 {
-    ExtreeMakeEmptyCo mc = { .bs = bs, .ret = -EINPROGRESS };
-
-    aio_co_enter(bdrv_get_aio_context(bs),
-                 qemu_coroutine_create(extree_make_empty_entry, &mc));
-    BDRV_POLL_WHILE(bs, mc.ret == -EINPROGRESS);
-    return mc.ret;
+    return extree_call_locked(bs, extree_make_empty_locked);
 }
 
 /* ---- Block status ---- */
