@@ -1,21 +1,39 @@
 /*
  * extree core: host space allocator
  *
- * In memory, free host space is two sets of ranges (GSequence, O(log n)):
+ * In memory, free host space is kept in three disjoint parts:
  *   avail    allocatable now;
  *   pending  freed in the running transaction.  Not reusable until the
  *            superblock of that transaction is durable: until then the
  *            previous superblock, which may still reference it, is the one
  *            a crash falls back to (dm persistent-data: "never allocate a
- *            block from the previous transaction").
- * Both are free in the state the next commit writes.  Every change is
- * also appended to an operation log, which commit replays into the
- * free-space tree (extree_alloc_sync).
+ *            block from the previous transaction");
+ *   reserve  the metadata chunk: one run of free space handed out to nodes
+ *            front to back, so that the nodes of a commit are mostly
+ *            consecutive (few large writes) and do not land in the middle
+ *            of data that grows at the end of the file.
+ * All three are free in the state the next commit writes.  Every change is
+ * also logged as a host range; commit rewrites the logged ranges of the
+ * free-space tree from the three sets (extree_alloc_sync).
  *
- * Placement: metadata goes into a metadata chunk (a reserved run of node
- * slots) or the lowest free space; data goes right after its guest
- * neighbour's host extent, so sequential guest writes grow one extent,
- * and never into the metadata chunk.
+ * avail and pending are range sets: treaps keyed by start whose nodes also
+ * know the longest range of their subtree, so that "the lowest range of at
+ * least n bytes" (first fit) and "the longest range" cost O(log n), however
+ * fragmented the free space is.
+ *
+ * Placement:
+ *   data      right after the guest neighbour's extent (or right before
+ *             the following one), so that sequential guest writes grow one
+ *             extent; else the lowest free range that fits (first fit keeps
+ *             the file compact and the free space at its end, where commit
+ *             can cut it off); else, if free space is plentiful but
+ *             fragmented, the longest free range (a partial allocation:
+ *             the caller loops); the file grows only when free space is
+ *             scarce, which bounds host_end to about 4/3 of the space in
+ *             use plus one transaction's frees;
+ *   metadata  the reserve; else a new reserve from the lowest free range
+ *             of EXT_RESERVE_MIN nodes or more; else any free node-sized
+ *             range; else a new reserve at the end of the file.
  *
  * Copyright (c) 2026 The extree authors
  *
@@ -24,120 +42,301 @@
 
 #include "extree-int.h"
 
-typedef struct ExtreeRange {
+/* A new reserve needs at least this many nodes of contiguous free space */
+#define EXT_RESERVE_MIN         32
+/* The largest reserve grown at the end of the file */
+#define EXT_RESERVE_MAX         (64 * 1024 * 1024)
+/* Data grows the file only when less than 1/EXT_SCARCE_DIV of the data
+ * area is allocatable */
+#define EXT_SCARCE_DIV          4
+/* Commit cuts free space at the end of the file from this size on */
+#define EXT_SHRINK_MIN          (1024 * 1024)
+
+/* ---- range sets ---- */
+
+struct ExtreeRange {
     uint64_t start, len;
-} ExtreeRange;
+    uint64_t maxlen;            /* longest range in this subtree */
+    uint32_t prio;              /* heap order: parent prio >= child prio */
+    ExtreeRange *left, *right;
+};
 
-/* A search key has len 0 and sorts after a range with the same start */
-static gint range_cmp(gconstpointer a, gconstpointer b, gpointer opaque)
+static uint64_t rn_max(const ExtreeRange *n)
 {
-    const ExtreeRange *x = a, *y = b;
-
-    if (x->start != y->start) {
-        return x->start < y->start ? -1 : 1;
-    }
-    if (!x->len) {
-        return 1;
-    }
-    if (!y->len) {
-        return -1;
-    }
-    return 0;
+    return n ? n->maxlen : 0;
 }
 
-/* The range with the greatest start <= @off, or NULL */
-static GSequenceIter *rs_floor(GSequence *s, uint64_t off)
+static void rn_fix(ExtreeRange *n)
 {
-    ExtreeRange key = { off, 0 };
-    GSequenceIter *it = g_sequence_search(s, &key, range_cmp, NULL);
+    n->maxlen = MAX(n->len, MAX(rn_max(n->left), rn_max(n->right)));
+}
 
-    if (g_sequence_iter_is_begin(it)) {
+static uint32_t rs_rand(ExtreeRangeSet *s)
+{
+    /* xorshift32: deterministic, so that runs are reproducible */
+    uint32_t x = s->rng ? s->rng : 2463534242u;
+
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    s->rng = x;
+    return x;
+}
+
+static ExtreeRange *rn_insert(ExtreeRange *n, ExtreeRange *x)
+{
+    if (!n) {
+        return x;
+    }
+    if (x->start < n->start) {
+        n->left = rn_insert(n->left, x);
+        if (n->left->prio > n->prio) {
+            ExtreeRange *l = n->left;
+            n->left = l->right;
+            l->right = n;
+            rn_fix(n);
+            n = l;
+        }
+    } else {
+        n->right = rn_insert(n->right, x);
+        if (n->right->prio > n->prio) {
+            ExtreeRange *r = n->right;
+            n->right = r->left;
+            r->left = n;
+            rn_fix(n);
+            n = r;
+        }
+    }
+    rn_fix(n);
+    return n;
+}
+
+static ExtreeRange *rn_join(ExtreeRange *a, ExtreeRange *b)
+{
+    if (!a || !b) {
+        return a ? a : b;
+    }
+    if (a->prio > b->prio) {
+        a->right = rn_join(a->right, b);
+        rn_fix(a);
+        return a;
+    }
+    b->left = rn_join(a, b->left);
+    rn_fix(b);
+    return b;
+}
+
+/* Remove the range starting at @start (which exists) */
+static ExtreeRange *rn_delete(ExtreeRange *n, uint64_t start)
+{
+    if (start < n->start) {
+        n->left = rn_delete(n->left, start);
+    } else if (start > n->start) {
+        n->right = rn_delete(n->right, start);
+    } else {
+        ExtreeRange *j = rn_join(n->left, n->right);
+        g_free(n);
+        return j;
+    }
+    rn_fix(n);
+    return n;
+}
+
+/* Give the range starting at @key (which exists) a new start and length
+ * that keep it between its neighbours */
+static void rn_update(ExtreeRange *n, uint64_t key, uint64_t start,
+                      uint64_t len)
+{
+    if (key < n->start) {
+        rn_update(n->left, key, start, len);
+    } else if (key > n->start) {
+        rn_update(n->right, key, start, len);
+    } else {
+        n->start = start;
+        n->len = len;
+    }
+    rn_fix(n);
+}
+
+static void rn_free_all(ExtreeRange *n)
+{
+    if (n) {
+        rn_free_all(n->left);
+        rn_free_all(n->right);
+        g_free(n);
+    }
+}
+
+static void rn_collect(const ExtreeRange *n, GArray *out)
+{
+    if (n) {
+        ExtreeAllocOp op = { 0, 0, true };
+        rn_collect(n->left, out);
+        op.start = n->start;
+        op.len = n->len;
+        g_array_append_val(out, op);
+        rn_collect(n->right, out);
+    }
+}
+
+/* The range with the greatest start <= @off, or NULL.  O(log n) */
+static ExtreeRange *rs_floor(const ExtreeRangeSet *s, uint64_t off)
+{
+    ExtreeRange *n = s->root, *best = NULL;
+
+    while (n) {
+        if (n->start <= off) {
+            best = n;
+            n = n->right;
+        } else {
+            n = n->left;
+        }
+    }
+    return best;
+}
+
+/* The range with the smallest start > @off, or NULL.  O(log n) */
+static ExtreeRange *rs_after(const ExtreeRangeSet *s, uint64_t off)
+{
+    ExtreeRange *n = s->root, *best = NULL;
+
+    while (n) {
+        if (n->start > off) {
+            best = n;
+            n = n->left;
+        } else {
+            n = n->right;
+        }
+    }
+    return best;
+}
+
+static ExtreeRange *rs_last(const ExtreeRangeSet *s)
+{
+    ExtreeRange *n = s->root;
+
+    while (n && n->right) {
+        n = n->right;
+    }
+    return n;
+}
+
+/* The lowest range of at least @len bytes, or NULL.  O(log n) */
+static ExtreeRange *rs_first_fit(const ExtreeRangeSet *s, uint64_t len)
+{
+    ExtreeRange *n = s->root;
+
+    if (rn_max(n) < len) {
         return NULL;
     }
-    return g_sequence_iter_prev(it);
-}
-
-static ExtreeRange *rs_get(GSequenceIter *it)
-{
-    return g_sequence_get(it);
-}
-
-/* Does any range of @s overlap [start, start + len)?  O(log n) */
-static bool rs_overlaps(GSequence *s, uint64_t start, uint64_t len)
-{
-    GSequenceIter *it = rs_floor(s, start + len - 1);
-    ExtreeRange *r;
-
-    if (!it) {
-        return false;
-    }
-    r = rs_get(it);
-    return r->start + r->len > start;
-}
-
-/* Add [start, start + len), merging with neighbours.  The caller checked
- * that it overlaps nothing.  O(log n). */
-static void rs_add(GSequence *s, uint64_t start, uint64_t len)
-{
-    GSequenceIter *it = rs_floor(s, start);
-    GSequenceIter *next;
-    ExtreeRange *r;
-
-    if (it && rs_get(it)->start + rs_get(it)->len == start) {
-        r = rs_get(it);
-        r->len += len;
-    } else {
-        r = g_new(ExtreeRange, 1);
-        r->start = start;
-        r->len = len;
-        it = g_sequence_insert_sorted(s, r, range_cmp, NULL);
-    }
-    next = g_sequence_iter_next(it);
-    if (!g_sequence_iter_is_end(next) &&
-        rs_get(next)->start == r->start + r->len) {
-        r->len += rs_get(next)->len;
-        g_sequence_remove(next);
-    }
-}
-
-/* Remove [start, start + len), which lies inside one range.  O(log n). */
-static void rs_remove(GSequence *s, uint64_t start, uint64_t len)
-{
-    GSequenceIter *it = rs_floor(s, start);
-    ExtreeRange *r = rs_get(it);
-    uint64_t end = start + len, rend = r->start + r->len;
-
-    g_assert(r->start <= start && end <= rend);
-    if (r->start == start && rend == end) {
-        g_sequence_remove(it);
-    } else if (r->start == start) {
-        r->start = end;
-        r->len = rend - end;
-    } else {
-        r->len = start - r->start;
-        if (end < rend) {
-            ExtreeRange *tail = g_new(ExtreeRange, 1);
-            tail->start = end;
-            tail->len = rend - end;
-            g_sequence_insert_sorted(s, tail, range_cmp, NULL);
+    for (;;) {
+        if (rn_max(n->left) >= len) {
+            n = n->left;
+        } else if (n->len >= len) {
+            return n;
+        } else {
+            n = n->right;
         }
     }
 }
 
+/* Does any range of @s overlap [start, start + len)?  O(log n) */
+static bool rs_overlaps(const ExtreeRangeSet *s, uint64_t start, uint64_t len)
+{
+    ExtreeRange *r = rs_floor(s, start + len - 1);
+
+    return r && r->start + r->len > start;
+}
+
+static void rs_insert(ExtreeRangeSet *s, uint64_t start, uint64_t len)
+{
+    ExtreeRange *x = g_new(ExtreeRange, 1);
+
+    x->start = start;
+    x->len = x->maxlen = len;
+    x->prio = rs_rand(s);
+    x->left = x->right = NULL;
+    s->root = rn_insert(s->root, x);
+    s->count++;
+}
+
+/* Add [start, start + len), merging with neighbours.  The caller checked
+ * that it overlaps nothing.  O(log n). */
+static void rs_add(ExtreeRangeSet *s, uint64_t start, uint64_t len)
+{
+    ExtreeRange *prev = rs_floor(s, start);
+    ExtreeRange *next = rs_after(s, start);
+    bool join_prev = prev && prev->start + prev->len == start;
+    bool join_next = next && next->start == start + len;
+
+    s->bytes += len;
+    if (join_prev && join_next) {
+        uint64_t nlen = next->len;
+        s->root = rn_delete(s->root, next->start);
+        s->count--;
+        rn_update(s->root, prev->start, prev->start, prev->len + len + nlen);
+    } else if (join_prev) {
+        rn_update(s->root, prev->start, prev->start, prev->len + len);
+    } else if (join_next) {
+        rn_update(s->root, next->start, start, next->len + len);
+    } else {
+        rs_insert(s, start, len);
+    }
+}
+
+/* Remove [start, start + len), which lies inside one range.  O(log n). */
+static void rs_remove(ExtreeRangeSet *s, uint64_t start, uint64_t len)
+{
+    ExtreeRange *r = rs_floor(s, start);
+    uint64_t rs = r->start, end = start + len, rend = r->start + r->len;
+
+    g_assert(r->start <= start && end <= rend);
+    s->bytes -= len;
+    if (rs == start && rend == end) {
+        s->root = rn_delete(s->root, rs);
+        s->count--;
+    } else if (rs == start) {
+        rn_update(s->root, rs, end, rend - end);
+    } else {
+        rn_update(s->root, rs, rs, start - rs);
+        if (end < rend) {
+            rs_insert(s, end, rend - end);
+        }
+    }
+}
+
+static void rs_clear(ExtreeRangeSet *s)
+{
+    rn_free_all(s->root);
+    s->root = NULL;
+    s->count = s->bytes = 0;
+}
+
+/* ---- the allocator ---- */
+
 void extree_alloc_init(Extree *t)
 {
-    t->avail = g_sequence_new(g_free);
-    t->pending = g_sequence_new(g_free);
     t->oplog = g_array_new(false, false, sizeof(ExtreeAllocOp));
 }
 
 void extree_alloc_destroy(Extree *t)
 {
-    if (t->avail) {
-        g_sequence_free(t->avail);
-        g_sequence_free(t->pending);
+    rs_clear(&t->avail);
+    rs_clear(&t->pending);
+    if (t->oplog) {
         g_array_free(t->oplog, true);
+        t->oplog = NULL;
     }
+}
+
+static uint64_t resv_bytes(const Extree *t)
+{
+    return t->resv_end - t->resv_start;
+}
+
+uint64_t extree_alloc_free_bytes(const Extree *t)
+{
+    return t->avail.bytes + t->pending.bytes + resv_bytes(t);
 }
 
 static void log_op(Extree *t, uint64_t start, uint64_t len, bool is_free)
@@ -156,8 +355,7 @@ static void log_op(Extree *t, uint64_t start, uint64_t len, bool is_free)
 /* Take [start, start + len) out of avail */
 static void take(Extree *t, uint64_t start, uint64_t len)
 {
-    rs_remove(t->avail, start, len);
-    t->avail_bytes -= len;
+    rs_remove(&t->avail, start, len);
     log_op(t, start, len, false);
 }
 
@@ -174,98 +372,90 @@ static int grow(Extree *t, uint64_t len, uint64_t *start)
     return 0;
 }
 
-/* Bytes of [start, start + len) that avoid the metadata chunk, from start */
-static uint64_t outside_meta(Extree *t, uint64_t start, uint64_t len)
+/* Hand the rest of the reserve back to avail (it stays free) */
+static void reserve_release(Extree *t)
 {
-    if (start >= t->meta_end || start + len <= t->meta_start) {
-        return len;
+    if (resv_bytes(t)) {
+        rs_add(&t->avail, t->resv_start, resv_bytes(t));
     }
-    return start < t->meta_start ? t->meta_start - start : 0;
+    t->resv_start = t->resv_end = 0;
 }
 
-/* A node-sized piece of avail inside [lo, hi), lowest first; scans at most
- * 64 ranges */
-static bool find_node_slot(Extree *t, uint64_t lo, uint64_t hi,
-                           uint64_t *out)
+/*
+ * A new reserve: the lowest free range of EXT_RESERVE_MIN nodes or more
+ * (moving free space from avail to the reserve changes nothing on disk),
+ * or, with @may_grow, new space at the end of the file.  Reserves grow with
+ * the file, so a sequential data stream is interrupted O(log size) times;
+ * at most one exists, so they cannot make the file grow without bound.
+ * Returns -ENOSPC when nothing was found and growing is not allowed.
+ */
+static int reserve_refill(Extree *t, bool may_grow)
 {
-    GSequenceIter *it = rs_floor(t->avail, lo);
-    int n = 0;
-
-    if (!it) {
-        it = g_sequence_get_begin_iter(t->avail);
-    }
-    for (; !g_sequence_iter_is_end(it) && n < 64;
-         it = g_sequence_iter_next(it), n++) {
-        ExtreeRange *r = rs_get(it);
-        uint64_t s = MAX(r->start, lo), e = MIN(r->start + r->len, hi);
-        if (r->start >= hi) {
-            break;
-        }
-        if (e > s && e - s >= t->node_size) {
-            *out = s;
-            return true;
-        }
-    }
-    return false;
-}
-
-/* Reserve a new metadata chunk at the end of the file: its first node is
- * returned, the rest becomes free space.  Chunks grow with the file so a
- * sequential data stream is interrupted O(log size) times. */
-static int new_meta_chunk(Extree *t, uint64_t *node)
-{
-    uint64_t size = MAX(32 * (uint64_t)t->node_size,
-                        EXTREE_ROUND_UP(t->host_end / 32, t->node_size));
+    uint64_t ns = t->node_size;
+    uint64_t want = MAX(EXT_RESERVE_MIN * ns,
+                        EXTREE_ROUND_UP(t->host_end / 32, ns));
+    ExtreeRange *r;
     uint64_t start;
     int ret;
 
-    size = MIN(size, MAX(64 * 1024 * 1024, 32 * (uint64_t)t->node_size));
-    ret = grow(t, size, &start);
+    want = MIN(want, MAX(EXT_RESERVE_MAX, EXT_RESERVE_MIN * ns));
+    reserve_release(t);
+    r = rs_first_fit(&t->avail, EXT_RESERVE_MIN * ns);
+    if (r) {
+        uint64_t len = MIN(want, r->len / ns * ns);
+        start = r->start;
+        rs_remove(&t->avail, start, len);
+        t->resv_start = start;
+        t->resv_end = start + len;
+        return 0;
+    }
+    if (!may_grow) {
+        return -ENOSPC;
+    }
+    ret = grow(t, want, &start);
     if (ret < 0) {
         return ret;
     }
-    t->meta_start = start;
-    t->meta_end = start + size;
-    if (node) {
-        *node = start;
-        start += t->node_size;
-        size -= t->node_size;
-    }
-    if (size) {
-        rs_add(t->avail, start, size);
-        t->avail_bytes += size;
-        log_op(t, start, size, true);
-    }
+    /* new free space: the free tree must learn about it */
+    log_op(t, start, want, true);
+    t->resv_start = start;
+    t->resv_end = start + want;
     return 0;
 }
 
-static bool meta_chunk_has_room(Extree *t)
-{
-    uint64_t dummy;
-    return t->meta_end > t->meta_start &&
-           find_node_slot(t, t->meta_start, t->meta_end, &dummy);
-}
-
-/* One node of host space: the metadata chunk, else the lowest free space,
- * else a new chunk.  O(log n). */
+/* One node of host space: the reserve, a new reserve from free space, any
+ * free node-sized range, a new reserve at the end.  O(log n). */
 int extree_alloc_meta(Extree *t, uint64_t *out)
 {
-    uint64_t s;
+    ExtreeRange *r;
+    int ret;
 
-    if ((t->meta_end > t->meta_start &&
-         find_node_slot(t, t->meta_start, t->meta_end, &s)) ||
-        find_node_slot(t, 0, UINT64_MAX, &s)) {
-        take(t, s, t->node_size);
-        *out = s;
-        return 0;
+    if (!t->alloc_loaded) {
+        return -EIO;
     }
-    return new_meta_chunk(t, out);
+    if (resv_bytes(t) < t->node_size && reserve_refill(t, false) < 0) {
+        r = rs_first_fit(&t->avail, t->node_size);
+        if (r) {
+            *out = r->start;
+            take(t, r->start, t->node_size);
+            return 0;
+        }
+        ret = reserve_refill(t, true);
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    *out = t->resv_start;
+    t->resv_start += t->node_size;
+    log_op(t, *out, t->node_size, false);
+    return 0;
 }
 
 bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len)
 {
-    return rs_overlaps(t->avail, start, len) ||
-           rs_overlaps(t->pending, start, len);
+    return rs_overlaps(&t->avail, start, len) ||
+           rs_overlaps(&t->pending, start, len) ||
+           (start < t->resv_end && t->resv_start < start + len);
 }
 
 /*
@@ -285,31 +475,30 @@ int extree_free_space(Extree *t, uint64_t start, uint64_t len)
                               " freed twice or outside the data area",
                               start, len);
     }
-    rs_add(t->pending, start, len);
-    t->pending_bytes += len;
+    rs_add(&t->pending, start, len);
     log_op(t, start, len, true);
     return 0;
 }
 
-/* Leak repair: space owned by nobody becomes allocatable at once */
-int extree_alloc_add_avail(Extree *t, uint64_t start, uint64_t len)
+/* Leak repair and free-tree rebuild: space owned by nobody becomes free in
+ * the next commit (and allocatable after it, like any freed space) */
+int extree_alloc_add_free(Extree *t, uint64_t start, uint64_t len)
 {
-    if (extree_alloc_is_free(t, start, len)) {
+    if (!len || start < t->data_start || start >= t->host_end ||
+        len > t->host_end - start || extree_alloc_is_free(t, start, len)) {
         return -EINVAL;
     }
-    rs_add(t->avail, start, len);
-    t->avail_bytes += len;
+    rs_add(&t->pending, start, len);
     log_op(t, start, len, true);
     return 0;
 }
 
 int extree_free_data(Extree *t, uint64_t host, uint64_t bytes)
 {
-    if (t->read_only) {
-        return -EROFS;
-    }
-    if (t->broken) {
-        return -EIO;
+    int ret = extree_check_writable(t);
+
+    if (ret < 0) {
+        return ret;
     }
     if (!bytes || !EXTREE_IS_ALIGNED(host | bytes, t->block_size) ||
         host < t->data_start || host >= t->host_end ||
@@ -322,7 +511,6 @@ int extree_free_data(Extree *t, uint64_t host, uint64_t bytes)
 /* Take up to @bytes at @hint if it is allocatable; returns bytes taken */
 static uint64_t take_at(Extree *t, uint64_t hint, uint64_t bytes)
 {
-    GSequenceIter *it;
     ExtreeRange *r;
     uint64_t got;
 
@@ -330,25 +518,20 @@ static uint64_t take_at(Extree *t, uint64_t hint, uint64_t bytes)
         /* Right at the end: grow the extent */
         return grow(t, bytes, &hint) < 0 ? 0 : bytes;
     }
-    it = rs_floor(t->avail, hint);
-    if (!it) {
+    r = rs_floor(&t->avail, hint);
+    if (!r || r->start + r->len <= hint) {
         return 0;
     }
-    r = rs_get(it);
-    if (r->start + r->len <= hint) {
-        return 0;
-    }
-    got = outside_meta(t, hint, MIN(bytes, r->start + r->len - hint));
-    if (got) {
-        take(t, hint, got);
-    }
+    got = MIN(bytes, r->start + r->len - hint);
+    take(t, hint, got);
     return got;
 }
 
 /*
  * Host space for guest [guest, guest + bytes): after the guest neighbour's
- * extent, else before the following one, else first fit (at most 64 ranges
- * looked at), else the end of the file.  O(log n).
+ * extent, else before the following one, else the lowest free range that
+ * fits, else (free space plentiful) the longest free range, else the end of
+ * the file.  O(log n).
  */
 int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
                       uint64_t *host, uint64_t *got)
@@ -356,15 +539,13 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
     ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
     uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
     ExtreeItem prev, next;
+    ExtreeRange *r;
     bool hp, hn;
-    GSequenceIter *it;
-    int n, ret;
+    int ret;
 
-    if (t->read_only) {
-        return -EROFS;
-    }
-    if (t->broken) {
-        return -EIO;
+    ret = extree_check_writable(t);
+    if (ret < 0) {
+        return ret;
     }
     if (!bytes || !EXTREE_IS_ALIGNED(guest | bytes, t->block_size) ||
         guest >= vend || bytes > vend - guest) {
@@ -385,39 +566,31 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
     if (hn && next.type == EXTREE_ITEM_DATA && next.key == guest + bytes &&
         next.host >= t->data_start + bytes) {
         uint64_t h = next.host - bytes;
-        it = rs_floor(t->avail, h);
-        if (it && rs_get(it)->start + rs_get(it)->len >= next.host &&
-            outside_meta(t, h, bytes) == bytes) {
+        r = rs_floor(&t->avail, h);
+        if (r && r->start + r->len >= next.host) {
             take(t, h, bytes);
             *host = h;
             *got = bytes;
             return 0;
         }
     }
-    for (it = g_sequence_get_begin_iter(t->avail), n = 0;
-         !g_sequence_iter_is_end(it) && n < 64;
-         it = g_sequence_iter_next(it), n++) {
-        ExtreeRange *r = rs_get(it);
-        uint64_t s = r->start, e = r->start + r->len;
-        /* the part before or after the metadata chunk */
-        if (s < t->meta_end && e > t->meta_start) {
-            if (s >= t->meta_start) {
-                s = t->meta_end;
-            } else {
-                e = t->meta_start;
-            }
-        }
-        if (e > s && e - s >= bytes) {
-            take(t, s, bytes);
-            *host = s;
-            *got = bytes;
-            return 0;
-        }
+    r = rs_first_fit(&t->avail, bytes);
+    if (!r && t->avail.bytes >= (t->host_end - t->data_start) /
+                                EXT_SCARCE_DIV) {
+        /* Fragmented but plentiful: part of the request, from the longest
+         * range, instead of growing the file */
+        r = rs_first_fit(&t->avail, rn_max(t->avail.root));
+    }
+    if (r) {
+        *host = r->start;
+        *got = MIN(bytes, r->len);
+        take(t, *host, *got);
+        return 0;
     }
     /* Grow the file; reserve metadata room first so that the nodes this
      * write needs do not land right behind it */
-    if (!meta_chunk_has_room(t)) {
-        ret = new_meta_chunk(t, NULL);
+    if (resv_bytes(t) < t->node_size) {
+        ret = reserve_refill(t, true);
         if (ret < 0) {
             return ret;
         }
@@ -431,11 +604,125 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
 }
 
 /*
- * Commit step 2: replay the allocations and frees of this transaction into
- * the free-space tree.  That CoWs free-tree nodes, which allocates and
- * frees more space, which is logged again: loop until nothing is left
- * (each round touches only nodes not yet copied, so a few rounds do).
- * O(operations logged * log n).
+ * Commit, before the free-tree sync: free space at the end of the file
+ * that is allocatable (free in the last durable state too) leaves the data
+ * area: host_end moves down to its start.  The caller truncates the file
+ * once the superblock that says so is durable.  Pending frees are never
+ * cut: state G still uses them, and space at the new host_end may be
+ * reused by this very commit.  The reserve is not cut either.
+ * Returns true if host_end moved.
+ */
+bool extree_alloc_trim_tail(Extree *t)
+{
+    ExtreeRange *r = rs_last(&t->avail);
+    uint64_t start;
+
+    if (!t->alloc_loaded || !r || r->start + r->len != t->host_end ||
+        r->len < EXT_SHRINK_MIN) {
+        return false;
+    }
+    start = r->start;
+    take(t, start, r->len);
+    t->host_end = start;
+    t->super_dirty = true;
+    return true;
+}
+
+static gint op_cmp(gconstpointer a, gconstpointer b)
+{
+    const ExtreeAllocOp *x = a, *y = b;
+
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* The first range of @s that ends after @pos, or NULL */
+static ExtreeRange *rs_from(const ExtreeRangeSet *s, uint64_t pos)
+{
+    ExtreeRange *r = rs_floor(s, pos);
+
+    if (r && r->start + r->len > pos) {
+        return r;
+    }
+    return rs_after(s, pos);
+}
+
+/*
+ * The first free piece [*fs, *fe) of host space at or after @pos and
+ * before @end, the three sets joined.  False if there is none.
+ */
+static bool next_free_piece(Extree *t, uint64_t pos, uint64_t end,
+                            uint64_t *fs, uint64_t *fe)
+{
+    ExtreeRange *a = rs_from(&t->avail, pos), *p = rs_from(&t->pending, pos);
+    uint64_t s = UINT64_MAX, e = 0;
+
+    if (a && a->start < s) {
+        s = a->start;
+        e = a->start + a->len;
+    }
+    if (p && p->start < s) {
+        s = p->start;
+        e = p->start + p->len;
+    }
+    if (resv_bytes(t) && t->resv_end > pos && t->resv_start < s) {
+        s = t->resv_start;
+        e = t->resv_end;
+    }
+    if (s >= end) {
+        return false;
+    }
+    /* neighbours from the other sets continue the piece */
+    for (;;) {
+        ExtreeRange *n;
+        if ((n = rs_floor(&t->avail, e)) && n->start == e) {
+            e += n->len;
+        } else if ((n = rs_floor(&t->pending, e)) && n->start == e) {
+            e += n->len;
+        } else if (resv_bytes(t) && t->resv_start == e) {
+            e = t->resv_end;
+        } else {
+            break;
+        }
+    }
+    *fs = MAX(s, pos);
+    *fe = MIN(e, end);
+    return true;
+}
+
+/* Make [start, end) of the free tree say what the three sets say */
+static int sync_range(Extree *t, uint64_t start, uint64_t end)
+{
+    ExtreeTree *ft = &t->trees[EXT_TREE_FREE];
+    uint64_t pos = start;
+    int ret = 0;
+
+    while (pos < end && ret == 0) {
+        uint64_t fs = end, fe = end;
+        ExtreeItem it = { 0 };
+
+        next_free_piece(t, pos, end, &fs, &fe);
+        if (fs > pos) {
+            ret = extree_bt_replace(t, ft, &it, pos, fs - pos);
+        }
+        if (ret == 0 && fe > fs) {
+            it.key = it.host = fs;
+            it.length = fe - fs;
+            it.type = EXTREE_ITEM_FREE;
+            ret = extree_bt_replace(t, ft, &it, fs, fe - fs);
+        }
+        pos = fe;
+    }
+    return ret;
+}
+
+/*
+ * Commit step 2: bring the free-space tree up to date.  The host ranges
+ * logged since the last sync, sorted and merged, are rewritten from the
+ * in-memory sets (the rest of the tree is current).  That CoWs free-tree
+ * nodes, which allocates and frees more space, which is logged again: loop
+ * until nothing is left (each round touches only nodes not yet copied, so
+ * a few rounds do).  Address order keeps consecutive changes on the same
+ * leaf.  O(ranges logged * log n).
  */
 int extree_alloc_sync(Extree *t)
 {
@@ -443,25 +730,34 @@ int extree_alloc_sync(Extree *t)
 
     for (int round = 0; round < 32; round++) {
         GArray *ops = t->oplog;
+        guint n = 0;
         int ret = 0;
 
         if (!ops->len) {
-            if (ft->total != t->avail_bytes + t->pending_bytes) {
+            if (ft->total != extree_alloc_free_bytes(t)) {
                 return extree_corrupt(t, 0, "corrupt free tree: free space "
                                       "accounting mismatch, have %" PRIu64
                                       " expect %" PRIu64, ft->total,
-                                      t->avail_bytes + t->pending_bytes);
+                                      extree_alloc_free_bytes(t));
             }
             return 0;
         }
         t->oplog = g_array_new(false, false, sizeof(ExtreeAllocOp));
-        for (guint i = 0; i < ops->len && ret == 0; i++) {
+        g_array_sort(ops, op_cmp);
+        /* merge overlapping and adjacent ranges */
+        for (guint i = 0; i < ops->len; i++) {
             ExtreeAllocOp *op = &g_array_index(ops, ExtreeAllocOp, i);
-            ExtreeItem it = {
-                .key = op->start, .length = op->len, .host = op->start,
-                .type = op->is_free ? EXTREE_ITEM_FREE : 0,
-            };
-            ret = extree_bt_replace(t, ft, &it, op->start, op->len);
+            ExtreeAllocOp *last = n ? &g_array_index(ops, ExtreeAllocOp,
+                                                     n - 1) : NULL;
+            if (last && op->start <= last->start + last->len) {
+                last->len = MAX(last->len, op->start + op->len - last->start);
+            } else {
+                g_array_index(ops, ExtreeAllocOp, n++) = *op;
+            }
+        }
+        for (guint i = 0; i < n && ret == 0; i++) {
+            ExtreeAllocOp *op = &g_array_index(ops, ExtreeAllocOp, i);
+            ret = sync_range(t, op->start, op->start + op->len);
         }
         g_array_free(ops, true);
         if (ret < 0) {
@@ -472,19 +768,21 @@ int extree_alloc_sync(Extree *t)
                           "after 32 rounds");
 }
 
-/* Commit step 7: the superblock is durable, pending frees are reusable */
-void extree_alloc_commit_done(Extree *t)
+/*
+ * Commit step 7: the superblock is durable, pending frees are reusable.
+ * The ranges that became free are appended to @freed (ExtreeAllocOp), for
+ * the caller to discard.  O(pending ranges * log n).
+ */
+void extree_alloc_commit_done(Extree *t, GArray *freed)
 {
-    GSequenceIter *it = g_sequence_get_begin_iter(t->pending);
+    guint first = freed->len;
 
-    for (; !g_sequence_iter_is_end(it); it = g_sequence_iter_next(it)) {
-        ExtreeRange *r = rs_get(it);
-        rs_add(t->avail, r->start, r->len);
+    rn_collect(t->pending.root, freed);
+    rs_clear(&t->pending);
+    for (guint i = first; i < freed->len; i++) {
+        ExtreeAllocOp *op = &g_array_index(freed, ExtreeAllocOp, i);
+        rs_add(&t->avail, op->start, op->len);
     }
-    t->avail_bytes += t->pending_bytes;
-    t->pending_bytes = 0;
-    g_sequence_remove_range(g_sequence_get_begin_iter(t->pending),
-                            g_sequence_get_end_iter(t->pending));
 }
 
 /*
@@ -502,22 +800,78 @@ int extree_alloc_load(Extree *t, uint64_t expect_bytes)
 
     for (ret = extree_bt_first(t, ft, 0, &p, &it); ret == 0;
          ret = extree_bt_next(t, ft, &p, &it)) {
-        rs_add(t->avail, it.key, it.length);
+        rs_add(&t->avail, it.key, it.length);
         count++;
         total += it.length;
     }
     extree_path_release(t, &p);
     if (ret < 0) {
+        rs_clear(&t->avail);
         return ret;
     }
     if (total != expect_bytes) {
-        return extree_corrupt(t, 0, "corrupt superblock at offset 0x0: "
-                              "free_bytes mismatch, have %" PRIu64
+        rs_clear(&t->avail);
+        return extree_corrupt(t, (t->generation % 2) * EXTREE_SB_SIZE,
+                              "corrupt superblock at offset 0x%" PRIx64
+                              ": free_bytes mismatch, have %" PRIu64
                               " expect %" PRIu64 " (free tree)",
+                              (t->generation % 2) * EXTREE_SB_SIZE,
                               expect_bytes, total);
     }
-    t->avail_bytes = total;
     ft->nitems = count;
     ft->total = total;
+    t->alloc_loaded = true;
+    return 0;
+}
+
+/*
+ * Checker, "repair all": replace the free-space tree by one that lists
+ * every range of [data_start, host_end) not in @used (sorted, disjoint
+ * ExtreeAllocOp ranges: extent-tree nodes and DATA extents).  Nothing the
+ * last durable state uses may be overwritten before the next commit, and
+ * the old free tree (part of that state) cannot be trusted to say where its
+ * own nodes are: so all that space is pending, and the new tree's nodes
+ * come from new space at the end of the file.  The caller commits.
+ */
+int extree_alloc_rebuild(Extree *t, GArray *used)
+{
+    ExtreeTree *ft = &t->trees[EXT_TREE_FREE];
+    uint64_t pos = t->data_start, bytenr;
+    ExtreeNode *root;
+    int ret;
+
+    rs_clear(&t->avail);
+    rs_clear(&t->pending);
+    t->resv_start = t->resv_end = 0;
+    g_array_set_size(t->oplog, 0);
+    for (guint i = 0; i <= used->len; i++) {
+        const ExtreeAllocOp *u = i < used->len ?
+            &g_array_index(used, ExtreeAllocOp, i) : NULL;
+        uint64_t s = u ? u->start : t->host_end;
+        if (s > pos) {
+            rs_add(&t->pending, pos, s - pos);
+            log_op(t, pos, s - pos, true);
+        }
+        if (u) {
+            pos = MAX(pos, u->start + u->len);
+        }
+    }
+    extree_path_release(t, &t->pcache[EXT_TREE_FREE]);
+    t->alloc_loaded = true;
+    ret = reserve_refill(t, true);
+    if (ret < 0) {
+        return ret;
+    }
+    bytenr = t->resv_start;
+    t->resv_start += t->node_size;
+    log_op(t, bytenr, t->node_size, false);
+    root = extree_node_new(t, bytenr, EXTREE_TREE_FREE, 0);
+    extree_node_unref(t, root);
+    ft->root = bytenr;
+    ft->root_gen = t->trans_gen;
+    ft->level = 0;
+    ft->nitems = 0;
+    ft->total = 0;
+    t->super_dirty = true;
     return 0;
 }

@@ -147,27 +147,73 @@ static int cow_node(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
     return ret;
 }
 
+/* Remember @p as the last path of @tree: pin its nodes, unpin the old */
+static void pcache_store(Extree *t, ExtreeTree *tree, const ExtreePath *p)
+{
+    ExtreePath *pc = &t->pcache[tree->owner == EXTREE_TREE_FREE];
+
+    for (int l = 0; l < EXTREE_MAX_LEVELS; l++) {
+        ExtreeNode *n = l <= (int)tree->level ? p->nodes[l] : NULL;
+        if (pc->nodes[l] != n) {
+            if (n) {
+                extree_node_ref(n);
+            }
+            if (pc->nodes[l]) {
+                extree_node_unref(t, pc->nodes[l]);
+            }
+            pc->nodes[l] = n;
+        }
+    }
+}
+
+/*
+ * The last path's node at @level if it is the node @bytenr the search
+ * goes to next (same location, still in the tree, as expected), pinned;
+ * else NULL.  A node dropped from the tree is an orphan, and a live node is
+ * the only one at its location, so this is the node a cache lookup finds.
+ */
+static ExtreeNode *pcache_get(Extree *t, ExtreeTree *tree, int level,
+                              uint64_t bytenr, uint64_t gen)
+{
+    ExtreeNode *n = t->pcache[tree->owner == EXTREE_TREE_FREE].nodes[level];
+
+    if (n && n->bytenr == bytenr && !n->orphan && node_gen(n) == gen &&
+        node_level(n) == level && node_owner(n) == tree->owner) {
+        extree_node_ref(n);
+        return n;
+    }
+    return NULL;
+}
+
 /*
  * Descend to the leaf for @dkey; slots[0] = first item with key >= @key.
  * (@dkey = @key - 1 lands on the leaf holding the last item < @key.)
- * With @cow every node on the path is made writable.  O(depth log cap).
+ * With @cow every node on the path is made writable.  Nodes on the tree's
+ * last path are taken from there; a search that finds all of them there
+ * (same leaf as the last one) is a path hit, not a descent, unless
+ * @count_descent.  O(depth log cap).
  */
 static int bt_search(Extree *t, ExtreeTree *tree, uint64_t dkey, uint64_t key,
-                     ExtreePath *p, bool cow)
+                     ExtreePath *p, bool cow, bool count_descent)
 {
     ExtreeNodeExpect e;
     ExtreeNode *n;
     uint64_t end = UINT64_MAX;
+    bool lookup = count_descent;
     int ret;
 
     extree_path_release(t, p);
-    t->stats.descents++;
-    extree_tree_expect(t, tree, &e);
-    ret = extree_node_get(t, tree->root, &e, &n);
-    if (ret < 0) {
-        return ret;
+    n = pcache_get(t, tree, tree->level, tree->root, tree->root_gen);
+    if (!n) {
+        lookup = true;
+        extree_tree_expect(t, tree, &e);
+        ret = extree_node_get(t, tree->root, &e, &n);
+        if (ret < 0) {
+            return ret;
+        }
     }
     for (int level = tree->level; ; level--) {
+        ExtreeKeyPtr kp;
         int slot;
 
         p->nodes[level] = n;
@@ -180,18 +226,30 @@ static int bt_search(Extree *t, ExtreeTree *tree, uint64_t dkey, uint64_t key,
         }
         if (level == 0) {
             p->slots[0] = leaf_lower_bound(n, key);
-            return 0;
+            break;
         }
         slot = ptr_slot(n, dkey);
         p->slots[level] = slot;
-        ret = get_child(t, tree, n, slot, end, &n);
-        if (ret < 0) {
-            goto fail;
+        ptr_get(n, slot, &kp);
+        n = pcache_get(t, tree, level - 1, kp.child, kp.child_gen);
+        if (!n) {
+            lookup = true;
+            ret = get_child(t, tree, p->nodes[level], slot, end, &n);
+            if (ret < 0) {
+                goto fail;
+            }
         }
         if (slot + 1 < (int)node_nritems(p->nodes[level])) {
             end = ptr_key(p->nodes[level], slot + 1);
         }
     }
+    if (lookup) {
+        t->stats.descents++;
+    } else {
+        t->stats.path_hits++;
+    }
+    pcache_store(t, tree, p);
+    return 0;
 fail:
     extree_path_release(t, p);
     return ret;
@@ -233,7 +291,7 @@ int extree_bt_next_leaf(Extree *t, ExtreeTree *tree, ExtreePath *p)
 int extree_bt_first(Extree *t, ExtreeTree *tree, uint64_t key,
                     ExtreePath *p, ExtreeItem *it)
 {
-    int ret = bt_search(t, tree, key, key, p, false);
+    int ret = bt_search(t, tree, key, key, p, false, true);
 
     if (ret < 0) {
         return ret;
@@ -264,17 +322,29 @@ int extree_bt_next(Extree *t, ExtreeTree *tree, ExtreePath *p,
 
 /*
  * The last item with key < @key (*@prev) and the first with key >= @key
- * (*@next).  One descent (plus one leaf step for next).
+ * (*@next).  One search (plus one leaf step for next); none if the last
+ * call asked the same and the trees did not change since (alloc_data, then
+ * map_data at the same offset).
  */
 int extree_bt_find(Extree *t, ExtreeTree *tree, uint64_t key,
                    ExtreeItem *prev, bool *has_prev,
                    ExtreeItem *next, bool *has_next)
 {
+    ExtreeFindCache *fc = &t->fcache;
     ExtreePath p = { { 0 } };
-    int ret = bt_search(t, tree, key ? key - 1 : 0, key, &p, false);
-    int slot;
+    int ret, slot;
 
+    if (fc->valid && fc->seq == t->seq && fc->owner == tree->owner &&
+        fc->key == key) {
+        *prev = fc->prev;
+        *has_prev = fc->has_prev;
+        *next = fc->next;
+        *has_next = fc->has_next;
+        t->stats.path_hits++;
+        return 0;
+    }
     *has_prev = *has_next = false;
+    ret = bt_search(t, tree, key ? key - 1 : 0, key, &p, false, false);
     if (ret < 0) {
         return ret;
     }
@@ -292,7 +362,18 @@ int extree_bt_find(Extree *t, ExtreeTree *tree, uint64_t key,
         *has_next = true;
     }
     extree_path_release(t, &p);
-    return ret < 0 ? ret : 0;
+    if (ret < 0) {
+        return ret;
+    }
+    fc->valid = true;
+    fc->seq = t->seq;
+    fc->owner = tree->owner;
+    fc->key = key;
+    fc->prev = *prev;
+    fc->has_prev = *has_prev;
+    fc->next = *next;
+    fc->has_next = *has_next;
+    return 0;
 }
 
 /* ---- structural changes; the path is stale afterwards ---- */
@@ -584,7 +665,7 @@ static void encode_item(uint8_t *raw, const ExtreeItem *it)
 static int search_exact(Extree *t, ExtreeTree *tree, uint64_t key,
                         ExtreePath *p)
 {
-    int ret = bt_search(t, tree, key, key, p, true);
+    int ret = bt_search(t, tree, key, key, p, true, false);
 
     if (ret < 0) {
         return ret;
@@ -603,7 +684,7 @@ static int bt_insert_item(Extree *t, ExtreeTree *tree, const ExtreeItem *it)
 {
     ExtreePath p = { { 0 } };
     uint8_t raw[EXT_LEAF_ISZ];
-    int ret = bt_search(t, tree, it->key, it->key, &p, true);
+    int ret = bt_search(t, tree, it->key, it->key, &p, true, false);
 
     if (ret == 0) {
         encode_item(raw, it);
@@ -843,12 +924,10 @@ int extree_maybe_commit(Extree *t)
 static int check_update(Extree *t, uint64_t guest, uint64_t bytes)
 {
     uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
+    int ret = extree_check_writable(t);
 
-    if (t->read_only) {
-        return -EROFS;
-    }
-    if (t->broken) {
-        return -EIO;
+    if (ret < 0) {
+        return ret;
     }
     if (!bytes || !EXTREE_IS_ALIGNED(guest | bytes, t->block_size) ||
         guest >= vend || bytes > vend - guest) {
@@ -962,7 +1041,7 @@ static int cursor_seek(ExtreeCursor *c, uint64_t guest)
         }
     }
     c->valid = false;
-    ret = bt_search(t, tree, guest, guest, &c->path, false);
+    ret = bt_search(t, tree, guest, guest, &c->path, false, true);
     if (ret < 0) {
         return ret;
     }

@@ -35,7 +35,21 @@ typedef struct CheckCtx {
     uint8_t *bufs[EXTREE_MAX_LEVELS];
     ExtreeItem last;            /* previous leaf item of the tree walked */
     bool has_last;
+    /* of res->corruptions: in the extent tree (or its accounting), in the
+     * free-space tree (or its accounting, or free space claimed twice) */
+    uint64_t extent_bad, free_bad;
 } CheckCtx;
+
+/* One corruption, found in the extent tree (@free false) or the free tree */
+static void count(CheckCtx *c, bool free)
+{
+    c->res->corruptions++;
+    if (free) {
+        c->free_bad++;
+    } else {
+        c->extent_bad++;
+    }
+}
 
 static void G_GNUC_PRINTF(2, 3) say(CheckCtx *c, const char *fmt, ...)
 {
@@ -70,7 +84,7 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
     int ret;
 
     if (g_hash_table_contains(c->visited, &bytenr)) {
-        c->res->corruptions++;
+        count(c, owner == EXTREE_TREE_FREE);
         say(c, "corrupt %s node at offset 0x%" PRIx64 ": referenced twice",
             tree, bytenr);
         return;
@@ -87,7 +101,7 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
 
     if (!EXTREE_IS_ALIGNED(bytenr, t->block_size) || bytenr < t->data_start ||
         bytenr >= t->host_end || t->host_end - bytenr < t->node_size) {
-        c->res->corruptions++;
+        count(c, owner == EXTREE_TREE_FREE);
         say(c, "corrupt %s node at offset 0x%" PRIx64 ": bad location", tree,
             bytenr);
         return;
@@ -99,7 +113,7 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
         why = g_strdup_printf("read error: %s", g_strerror(-ret));
     }
     if (ret < 0) {
-        c->res->corruptions++;
+        count(c, owner == EXTREE_TREE_FREE);
         say(c, "corrupt %s node at offset 0x%" PRIx64 ": %s", tree, bytenr,
             why);
         g_free(why);
@@ -180,7 +194,10 @@ static void overlap(CheckCtx *c, const Claim *a, const Claim *b)
     uint64_t at = b->start;
     char an[64], bn[64];
 
-    c->res->corruptions++;
+    /* a claim of the free tree (its nodes or its free space) is the one
+     * to doubt: rebuilding the free tree resolves it */
+    count(c, a->kind == CLAIM_FREE || b->kind == CLAIM_FREE ||
+             a->kind == CLAIM_FREE_NODE || b->kind == CLAIM_FREE_NODE);
     if (a->kind == CLAIM_DATA && b->kind == CLAIM_DATA) {
         say(c, "corrupt extent tree: double use of host offset 0x%" PRIx64
             " by extents at guest offsets 0x%" PRIx64 " and 0x%" PRIx64,
@@ -206,17 +223,94 @@ static void leak(CheckCtx *c, GArray *leaks, uint64_t start, uint64_t end)
     g_array_append_val(leaks, l);
 }
 
+/* Extent-tree nodes and DATA extents, sorted and merged (ExtreeAllocOp) */
+static GArray *used_ranges(CheckCtx *c)
+{
+    GArray *used = g_array_new(false, false, sizeof(ExtreeAllocOp));
+
+    for (guint i = 0; i < c->claims->len; i++) {
+        const Claim *cl = &g_array_index(c->claims, Claim, i);
+        ExtreeAllocOp *last = used->len ?
+            &g_array_index(used, ExtreeAllocOp, used->len - 1) : NULL;
+
+        if (cl->kind != CLAIM_EXTENT_NODE && cl->kind != CLAIM_DATA) {
+            continue;
+        }
+        if (last && cl->start <= last->start + last->len) {
+            last->len = MAX(last->len, cl->start + cl->len - last->start);
+        } else {
+            ExtreeAllocOp op = { cl->start, cl->len, false };
+            g_array_append_val(used, op);
+        }
+    }
+    return used;
+}
+
+/*
+ * The repairs @repair_leaks allows, after the walk.  Returns 0 or the error
+ * of the commit that makes them durable.
+ */
+static int repair(CheckCtx *c, GArray *leaks)
+{
+    Extree *t = c->t;
+    ExtreeCheckResult *res = c->res;
+    int ret = 0;
+
+    if (t->read_only || t->broken || c->extent_bad) {
+        if (leaks->len) {
+            say(c, "leaks not repaired: %s", t->read_only ? "read-only" :
+                t->broken ? "the image handle failed earlier" :
+                "the image has corruptions");
+        }
+        return 0;
+    }
+    if (c->free_bad || !t->alloc_loaded) {
+        /* "-r all": the extent tree is sound, the free tree is not; every
+         * block that is neither an extent-tree node nor DATA is free */
+        GArray *used = used_ranges(c);
+
+        ret = extree_alloc_rebuild(t, used);
+        g_array_free(used, true);
+        if (ret == 0) {
+            ret = extree_commit(t);
+        }
+        if (ret < 0) {
+            say(c, "rebuilding the free-space tree failed: %s",
+                g_strerror(-ret));
+            t->broken = true;
+            return ret;
+        }
+        say(c, "free-space tree rebuilt from the extent tree");
+        res->repaired_corruptions = c->free_bad;
+        res->repaired_leaks = res->leaks;
+        return 0;
+    }
+    for (guint i = 0; i < leaks->len && ret == 0; i++) {
+        const Claim *l = &g_array_index(leaks, Claim, i);
+        ret = extree_alloc_add_free(t, l->start, l->len);
+        if (ret == 0) {
+            res->repaired_leaks++;
+        }
+    }
+    if (ret == 0 && leaks->len) {
+        ret = extree_commit(t);
+    }
+    return ret;
+}
+
 int extree_check(Extree *t, bool repair_leaks, ExtreeCheckResult *res,
                  ExtreeReportFn *report, void *opaque)
 {
     CheckCtx c = { .t = t, .res = res, .report = report, .opaque = opaque };
     GArray *leaks = g_array_new(false, false, sizeof(Claim));
+    uint64_t sb_off = (t->generation % 2) * EXTREE_SB_SIZE;
     const Claim *prev = NULL;
     uint64_t pos;
     int ret = 0;
 
     memset(res, 0, sizeof(*res));
-    if (!t->read_only && !t->broken) {
+    t->check_clean_gen = 0;
+    if (!t->read_only && !t->broken && t->alloc_loaded) {
         ret = extree_commit(t);
         if (ret < 0) {
             g_array_free(leaks, true);
@@ -237,11 +331,16 @@ int extree_check(Extree *t, bool repair_leaks, ExtreeCheckResult *res,
         walk(&c, tree->owner, tree->root, &e);
     }
     if (res->extents != t->trees[EXT_TREE_EXTENT].nitems) {
-        res->corruptions++;
+        count(&c, false);
         say(&c, "corrupt superblock at offset 0x%" PRIx64 ": extent_count "
-            "mismatch, have %" PRIu64 " expect %" PRIu64,
-            (t->generation % 2) * EXTREE_SB_SIZE,
+            "mismatch, have %" PRIu64 " expect %" PRIu64, sb_off,
             t->trees[EXT_TREE_EXTENT].nitems, res->extents);
+    }
+    if (res->free_bytes != extree_sb_free_bytes(t)) {
+        count(&c, true);
+        say(&c, "corrupt superblock at offset 0x%" PRIx64 ": free_bytes "
+            "mismatch, have %" PRIu64 " expect %" PRIu64 " (free tree)",
+            sb_off, extree_sb_free_bytes(t), res->free_bytes);
     }
 
     /* Every block of [data_start, host_end) has exactly one owner */
@@ -263,22 +362,12 @@ int extree_check(Extree *t, bool repair_leaks, ExtreeCheckResult *res,
         leak(&c, leaks, pos, t->host_end);
     }
 
-    if (repair_leaks && leaks->len) {
-        if (res->corruptions || t->read_only || t->broken) {
-            say(&c, "leaks not repaired: %s", t->read_only ? "read-only" :
-                "the image has corruptions");
-        } else {
-            for (guint i = 0; i < leaks->len && ret == 0; i++) {
-                const Claim *l = &g_array_index(leaks, Claim, i);
-                ret = extree_alloc_add_avail(t, l->start, l->len);
-                if (ret == 0) {
-                    res->repaired_leaks++;
-                }
-            }
-            if (ret == 0) {
-                ret = extree_commit(t);
-            }
-        }
+    if (repair_leaks) {
+        ret = repair(&c, leaks);
+    }
+    if (ret == 0 && res->corruptions == res->repaired_corruptions &&
+        !extree_is_dirty(t)) {
+        t->check_clean_gen = t->generation;
     }
 
     for (int l = 0; l < EXTREE_MAX_LEVELS; l++) {

@@ -193,16 +193,36 @@ typedef struct ExtreeTree {
 
 enum { EXT_TREE_EXTENT = 0, EXT_TREE_FREE = 1 };
 
+/* A logged change of free space, or just a host range */
 typedef struct ExtreeAllocOp {
     uint64_t start, len;
     bool is_free;
 } ExtreeAllocOp;
+
+/* A set of disjoint host ranges (extree-alloc.c: a treap keyed by start,
+ * augmented with the longest range of each subtree) */
+typedef struct ExtreeRange ExtreeRange;
+typedef struct ExtreeRangeSet {
+    ExtreeRange *root;
+    uint64_t count, bytes;
+    uint32_t rng;
+} ExtreeRangeSet;
+
+/* The result of the last extree_bt_find(), valid while t->seq is */
+typedef struct ExtreeFindCache {
+    bool valid;
+    uint32_t owner;
+    uint64_t seq, key;
+    ExtreeItem prev, next;
+    bool has_prev, has_next;
+} ExtreeFindCache;
 
 struct Extree {
     ExtreeBackend *be;
     bool read_only;
     bool broken;                /* a failed commit left memory inconsistent,
                                  * or marked corrupt: refuse updates */
+    bool repair;                /* opened for the checker (repair option) */
     uint32_t block_size, node_size;
     int leaf_cap, ptr_cap;
     uint64_t virtual_size, host_end, data_start;
@@ -229,13 +249,28 @@ struct Extree {
                                  * and frees one per copy */
     bool in_commit;
 
-    /* Allocator: ranges of host space (GSequence of ExtreeRange) */
-    GSequence *avail;           /* allocatable now */
-    GSequence *pending;         /* freed in this transaction */
-    uint64_t avail_bytes, pending_bytes;
+    /*
+     * Last search path of each tree, pinned: a search that passes through
+     * the same nodes takes them from here instead of the node cache, and a
+     * search of the same leaf costs no lookup at all (alloc_data, map_data
+     * and the free-tree sync search the same leaf several times)
+     */
+    ExtreePath pcache[2];
+    ExtreeFindCache fcache;
+
+    /* Allocator (extree-alloc.c) */
+    bool alloc_loaded;          /* free space known: the free tree loaded
+                                 * (never for read-only handles) */
+    ExtreeRangeSet avail;       /* allocatable now */
+    ExtreeRangeSet pending;     /* freed in this transaction */
+    uint64_t resv_start, resv_end;  /* metadata reserve, free */
     GArray *oplog;              /* ExtreeAllocOp since the last free-tree
                                  * sync */
-    uint64_t meta_start, meta_end;  /* current metadata chunk */
+    bool trimmed;               /* host_end lowered in this transaction:
+                                 * truncate after commit */
+    uint64_t check_clean_gen;   /* generation checked without unrepaired
+                                 * corruption, 0 if none */
+    char *open_warning;
 
     ExtreeStats stats;
     ExtreeCorruptFn *corrupt_fn;
@@ -268,11 +303,18 @@ void extree_alloc_init(Extree *t);
 void extree_alloc_destroy(Extree *t);
 int extree_alloc_meta(Extree *t, uint64_t *out);
 int extree_free_space(Extree *t, uint64_t start, uint64_t len);
-int extree_alloc_add_avail(Extree *t, uint64_t start, uint64_t len);
+int extree_alloc_add_free(Extree *t, uint64_t start, uint64_t len);
 bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len);
+uint64_t extree_alloc_free_bytes(const Extree *t);
+bool extree_alloc_trim_tail(Extree *t);
 int extree_alloc_sync(Extree *t);
 int extree_alloc_load(Extree *t, uint64_t expect_bytes);
-void extree_alloc_commit_done(Extree *t);
+void extree_alloc_commit_done(Extree *t, GArray *freed);
+int extree_alloc_rebuild(Extree *t, GArray *used);
+
+/* extree-txn.c */
+int extree_check_writable(Extree *t);
+uint64_t extree_sb_free_bytes(const Extree *t);
 
 /* extree-btree.c */
 void extree_path_release(Extree *t, ExtreePath *p);

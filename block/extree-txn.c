@@ -85,9 +85,12 @@ static bool is_pow2_in(uint64_t v, uint64_t lo, uint64_t hi)
 
 /*
  * Decode and validate a superblock slot.  -EINVAL (bad magic or field),
- * -ENOTSUP (version), -EIO (checksum); *@why says what.
+ * -ENOTSUP (version), -EIO (checksum); *@why says what.  *@sum_ok tells
+ * whether magic and checksum were right: a slot that fails after that was
+ * not torn by a crash.
  */
-static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why)
+static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
+                     bool *sum_ok)
 {
     uint64_t magic = ext_ld64(buf + SB_OFF(magic));
     uint32_t version = ext_ld32(buf + SB_OFF(version));
@@ -95,6 +98,7 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why)
     uint64_t data_start;
     unsigned flen, mlen;
 
+    *sum_ok = false;
     if (magic != EXTREE_MAGIC) {
         *why = g_strdup_printf("bad magic, have 0x%016" PRIx64 " expect 0x%016"
                                PRIx64, magic, (uint64_t)EXTREE_MAGIC);
@@ -106,6 +110,7 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why)
                                csum, want);
         return -EIO;
     }
+    *sum_ok = true;
     if (version != EXTREE_VERSION) {
         *why = g_strdup_printf("unsupported version, have %u expect %u",
                                version, EXTREE_VERSION);
@@ -355,35 +360,38 @@ static void tree_init(ExtreeTree *tree, uint32_t owner, const ExtreeSuper *s,
     tree->total = 0;
 }
 
-int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
-                char **errmsg)
+/*
+ * Read and decode both superblock slots; *@best is the valid one with the
+ * highest generation, or -1 (then *@errmsg says why, and the return value
+ * is the error).  A skipped slot whose checksum was right is described in
+ * *@warning (g_malloc'd), if @warning is not NULL.
+ */
+static int read_supers(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
+                       char **errmsg, char **warning)
 {
-    ExtreeOpenOptions defaults = { 0 };
-    ExtreeSuper sb[2];
-    char *why[2] = { NULL, NULL };
-    int rc[2], best = -1, ret;
     uint8_t *buf = g_malloc(EXTREE_SB_SIZE);
-    Extree *t;
+    char *why[2] = { NULL, NULL };
+    bool sum_ok[2] = { false, false };
+    uint64_t raw_gen[2] = { 0, 0 };
+    int rc[2], ret = 0;
 
-    *out = NULL;
-    *errmsg = NULL;
-    if (!o) {
-        o = &defaults;
-    }
+    *best = -1;
     for (int i = 0; i < 2; i++) {
         rc[i] = be->ops->pread(be->opaque, i * EXTREE_SB_SIZE, buf,
                                EXTREE_SB_SIZE);
         if (rc[i] < 0) {
             why[i] = g_strdup_printf("read error: %s", g_strerror(-rc[i]));
         } else {
-            rc[i] = sb_decode(buf, &sb[i], &why[i]);
+            rc[i] = sb_decode(buf, &sb[i], &why[i], &sum_ok[i]);
+            raw_gen[i] = ext_ld64(buf + SB_OFF(generation));
         }
-        if (rc[i] == 0 && (best < 0 || sb[i].generation > sb[best].generation)) {
-            best = i;
+        if (rc[i] == 0 && (*best < 0 ||
+                           sb[i].generation > sb[*best].generation)) {
+            *best = i;
         }
     }
     g_free(buf);
-    if (best < 0) {
+    if (*best < 0) {
         /* Neither slot: report slot 0's problem first, it has the magic */
         ret = rc[0];
         if (rc[0] == -EINVAL && rc[1] != -EINVAL) {
@@ -392,28 +400,62 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
         *errmsg = g_strdup_printf("corrupt superblock at offset 0x0: %s; "
                                   "corrupt superblock at offset 0x1000: %s",
                                   why[0], why[1]);
-        g_free(why[0]);
-        g_free(why[1]);
-        return ret;
+    } else if (warning && rc[!*best] < 0 && sum_ok[!*best]) {
+        /* Not a torn write: someone wrote a bad superblock, perhaps the
+         * newest one; it is overwritten by the next commit */
+        int i = !*best;
+        *warning = g_strdup_printf("corrupt superblock at offset 0x%x: %s; "
+                                   "slot skipped (its generation field is %"
+                                   PRIu64 "), image opened at generation %"
+                                   PRIu64 " from offset 0x%x",
+                                   i * EXTREE_SB_SIZE, why[i], raw_gen[i],
+                                   sb[*best].generation,
+                                   *best * EXTREE_SB_SIZE);
     }
     g_free(why[0]);
     g_free(why[1]);
+    return ret;
+}
+
+int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
+                char **errmsg)
+{
+    ExtreeOpenOptions defaults = { 0 };
+    ExtreeSuper sb[2];
+    char *warning = NULL;
+    int best, ret;
+    Extree *t;
+
+    *out = NULL;
+    *errmsg = NULL;
+    if (!o) {
+        o = &defaults;
+    }
+    ret = read_supers(be, sb, &best, errmsg, &warning);
+    if (best < 0) {
+        return ret;
+    }
 
     if (sb[best].incompat & ~EXTREE_INCOMPAT_MASK) {
         *errmsg = g_strdup_printf("Unsupported incompatible features 0x%"
                                   PRIx64, (uint64_t)(sb[best].incompat &
                                   ~EXTREE_INCOMPAT_MASK));
+        g_free(warning);
         return -ENOTSUP;
     }
-    if ((sb[best].incompat & EXTREE_INCOMPAT_CORRUPT) && !o->read_only) {
+    if ((sb[best].incompat & EXTREE_INCOMPAT_CORRUPT) && !o->read_only &&
+        !o->repair) {
         *errmsg = g_strdup("Image is marked corrupt; it can only be opened "
                            "read-only");
+        g_free(warning);
         return -EACCES;
     }
 
     t = g_new0(Extree, 1);
     t->be = be;
     t->read_only = o->read_only;
+    t->repair = o->repair && !o->read_only;
+    t->open_warning = warning;
     t->block_size = sb[best].block_size;
     t->node_size = sb[best].node_size;
     t->leaf_cap = EXTREE_LEAF_CAPACITY(t->node_size);
@@ -432,6 +474,7 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     tree_init(&t->trees[EXT_TREE_EXTENT], EXTREE_TREE_EXTENT, &sb[best], 0);
     tree_init(&t->trees[EXT_TREE_FREE], EXTREE_TREE_FREE, &sb[best], 1);
     t->trees[EXT_TREE_EXTENT].nitems = sb[best].extent_count;
+    t->trees[EXT_TREE_FREE].total = sb[best].free_bytes;
     t->csb = g_new(ExtreeSuper, 1);
     *t->csb = sb[best];
     t->cache_limit = MAX((o->cache_size ? o->cache_size
@@ -443,15 +486,26 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     extree_cache_init(t);
     extree_alloc_init(t);
 
-    ret = extree_alloc_load(t, sb[best].free_bytes);
-    if (ret == 0) {
-        /* The extent root only: a bad root fails open, not the first read */
+    /*
+     * The extent root only: a bad root fails open, not the first read.
+     * Reads never need the free-space tree: a read-only handle does not
+     * load it (damage there is the checker's to find).  A writer must
+     * know the free space; with @repair a damaged free tree leaves the
+     * handle without an allocator, for extree_check() to rebuild it.
+     */
+    {
         ExtreeNodeExpect e;
         ExtreeNode *n;
         extree_tree_expect(t, &t->trees[EXT_TREE_EXTENT], &e);
         ret = extree_node_get(t, t->trees[EXT_TREE_EXTENT].root, &e, &n);
         if (ret == 0) {
             extree_node_unref(t, n);
+        }
+    }
+    if (ret == 0 && !t->read_only) {
+        ret = extree_alloc_load(t, sb[best].free_bytes);
+        if (ret < 0 && t->repair) {
+            ret = 0;
         }
     }
     if (ret < 0) {
@@ -469,18 +523,46 @@ void extree_close(Extree *t)
     if (!t) {
         return;
     }
+    for (int i = 0; i < 2; i++) {
+        extree_path_release(t, &t->pcache[i]);
+    }
     extree_cache_destroy(t);
     extree_alloc_destroy(t);
     g_free(t->backing_file);
     g_free(t->backing_fmt);
     g_free(t->csb);
     g_free(t->last_error);
+    g_free(t->open_warning);
     g_free(t);
 }
 
 bool extree_is_dirty(const Extree *t)
 {
     return t->ndirty > 0 || t->super_dirty || t->oplog->len > 0;
+}
+
+/*
+ * After a commit: give the host file back what the commit freed.  Discard
+ * the ranges that became free (old node locations included), and cut the
+ * file at host_end when commit lowered it.  Nothing can allocate this space
+ * before extree_commit() returns, so the discards cannot hit new data.
+ * Best effort: a failure costs space, not data.
+ */
+static void give_back_space(Extree *t, GArray *freed)
+{
+    const ExtreeBackendOps *ops = t->be->ops;
+
+    for (guint i = 0; ops->discard && i < freed->len; i++) {
+        ExtreeAllocOp *r = &g_array_index(freed, ExtreeAllocOp, i);
+        ops->discard(t->be->opaque, r->start, r->len);
+    }
+    if (t->trimmed && ops->truncate) {
+        int64_t len = ops->get_length(t->be->opaque);
+        if (len > (int64_t)t->host_end) {
+            ops->truncate(t->be->opaque, t->host_end);
+        }
+    }
+    t->trimmed = false;
 }
 
 /*
@@ -492,6 +574,7 @@ bool extree_is_dirty(const Extree *t)
 int extree_commit(Extree *t)
 {
     ExtreeSuper s;
+    GArray *freed;
     int ret;
 
     /* 1. Nothing to do */
@@ -501,14 +584,19 @@ int extree_commit(Extree *t)
     if (t->read_only) {
         return -EROFS;
     }
-    if (t->broken) {
+    if (t->broken || !t->alloc_loaded) {
         return -EIO;
     }
     t->in_commit = true;
 
-    /* 2. The free tree takes in this transaction's allocations and frees
-     *    (pending frees are free in G + 1); loops to a fixed point.  A
-     *    failure here leaves the trees half-synced: give up on them. */
+    /* 2. Free space at the end of the file that state G does not use
+     *    either leaves the data area (lower host_end).  Then the free tree
+     *    takes in this transaction's allocations and frees (pending frees
+     *    are free in G + 1); loops to a fixed point.  A failure here leaves
+     *    the trees half-synced: give up on them. */
+    if (extree_alloc_trim_tail(t)) {
+        t->trimmed = true;
+    }
     ret = extree_alloc_sync(t);
     if (ret < 0) {
         t->broken = true;
@@ -542,13 +630,19 @@ int extree_commit(Extree *t)
     }
 
     /* 7. Only now may space freed in G + 1 be reused */
-    extree_alloc_commit_done(t);
+    freed = g_array_new(false, false, sizeof(ExtreeAllocOp));
+    extree_alloc_commit_done(t, freed);
     extree_node_commit_done(t);
     *t->csb = s;
     t->generation = t->trans_gen;
     t->trans_gen++;
     t->super_dirty = false;
     t->stats.commits++;
+
+    /* 8. Discard what G + 1 freed; truncate the file if host_end went
+     *    down.  A crash before or during this loses nothing. */
+    give_back_space(t, freed);
+    g_array_free(freed, true);
 
 fail:
     t->in_commit = false;
@@ -566,6 +660,29 @@ const char *extree_last_error(const Extree *t)
     return t->last_error;
 }
 
+const char *extree_open_warning(const Extree *t)
+{
+    return t->open_warning;
+}
+
+/* free_bytes of the last committed superblock */
+uint64_t extree_sb_free_bytes(const Extree *t)
+{
+    return t->csb->free_bytes;
+}
+
+int extree_check_writable(Extree *t)
+{
+    if (t->read_only) {
+        return -EROFS;
+    }
+    if (t->broken || (t->incompat & EXTREE_INCOMPAT_CORRUPT) ||
+        !t->alloc_loaded) {
+        return -EIO;
+    }
+    return 0;
+}
+
 int extree_mark_corrupt(Extree *t)
 {
     ExtreeSuper s = *t->csb;
@@ -578,6 +695,7 @@ int extree_mark_corrupt(Extree *t)
     }
     s.generation = t->generation + 1;
     s.incompat |= EXTREE_INCOMPAT_CORRUPT;
+    s.autoclear = 0;
     ret = write_super(t->be, &s);
     if (ret == 0) {
         ret = t->be->ops->flush(t->be->opaque);
@@ -586,6 +704,61 @@ int extree_mark_corrupt(Extree *t)
         *t->csb = s;
         t->generation = s.generation;
         t->trans_gen = s.generation + 1;
+    }
+    return ret;
+}
+
+/*
+ * Without a handle: the newest valid superblock again, one generation
+ * later, with the corrupt bit.  Reads nothing but the two slots, so it works
+ * whatever else is damaged.
+ */
+int extree_mark_corrupt_image(ExtreeBackend *be)
+{
+    ExtreeSuper sb[2];
+    char *msg = NULL;
+    int best, ret;
+
+    ret = read_supers(be, sb, &best, &msg, NULL);
+    g_free(msg);
+    if (best < 0) {
+        return ret;
+    }
+    if (sb[best].incompat & ~EXTREE_INCOMPAT_MASK) {
+        return -ENOTSUP;
+    }
+    if (sb[best].incompat & EXTREE_INCOMPAT_CORRUPT) {
+        return 0;
+    }
+    sb[best].generation++;
+    sb[best].incompat |= EXTREE_INCOMPAT_CORRUPT;
+    sb[best].autoclear = 0;
+    ret = write_super(be, &sb[best]);
+    if (ret == 0) {
+        ret = be->ops->flush(be->opaque);
+    }
+    return ret;
+}
+
+int extree_clear_corrupt(Extree *t)
+{
+    int ret;
+
+    if (t->read_only) {
+        return -EROFS;
+    }
+    if (!(t->incompat & EXTREE_INCOMPAT_CORRUPT)) {
+        return 0;
+    }
+    if (t->broken || !t->alloc_loaded || extree_is_dirty(t) ||
+        t->check_clean_gen != t->generation) {
+        return -EINVAL;
+    }
+    t->incompat &= ~EXTREE_INCOMPAT_CORRUPT;
+    t->super_dirty = true;
+    ret = extree_commit(t);
+    if (ret < 0) {
+        t->incompat |= EXTREE_INCOMPAT_CORRUPT;
     }
     return ret;
 }
@@ -622,7 +795,7 @@ unsigned extree_depth(const Extree *t)
 
 uint64_t extree_free_bytes(const Extree *t)
 {
-    return t->avail_bytes + t->pending_bytes;
+    return t->alloc_loaded ? extree_alloc_free_bytes(t) : t->csb->free_bytes;
 }
 
 uint64_t extree_host_end(const Extree *t)
@@ -655,8 +828,9 @@ int extree_set_backing(Extree *t, const char *file, const char *fmt)
     char *msg = NULL;
     int ret;
 
-    if (t->read_only) {
-        return -EROFS;
+    ret = extree_check_writable(t);
+    if (ret < 0) {
+        return ret;
     }
     ret = check_backing(file, fmt, &msg);
     g_free(msg);
@@ -677,19 +851,18 @@ int extree_set_virtual_size(Extree *t, uint64_t size)
     uint64_t new_end = EXTREE_ROUND_UP(size, t->block_size);
     uint64_t old_end = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
 
-    if (t->read_only) {
-        return -EROFS;
-    }
-    if (t->broken) {
-        return -EIO;
+    int ret = extree_check_writable(t);
+
+    if (ret < 0) {
+        return ret;
     }
     if (size % 512 || size > EXTREE_MAX_VIRTUAL_SIZE) {
         return -EINVAL;
     }
     if (new_end < old_end) {
         ExtreeItem none = { 0 };
-        int ret = extree_bt_replace(t, &t->trees[EXT_TREE_EXTENT], &none,
-                                    new_end, old_end - new_end);
+        ret = extree_bt_replace(t, &t->trees[EXT_TREE_EXTENT], &none,
+                                new_end, old_end - new_end);
         if (ret < 0) {
             t->broken = true;
             return ret;

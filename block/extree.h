@@ -65,7 +65,17 @@ typedef struct ExtreeOpenOptions {
     bool read_only;
     uint64_t cache_size;        /* bytes of node cache, 0 = 32 MiB */
     uint64_t dirty_limit;       /* dirty metadata bytes before a forced
-                                 * commit, 0 = 16 MiB */
+                                 * commit, 0 = 16 MiB; a huge value
+                                 * (UINT64_MAX / 2) disables forced
+                                 * commits */
+    /*
+     * For the checker (qemu-img check -r): open read-write even if the
+     * image is marked corrupt or its free-space tree is damaged.  Updates
+     * stay refused (-EIO) while the corrupt bit is set or the free space is
+     * unknown; extree_check(repair_leaks) repairs and commits, then
+     * extree_clear_corrupt() may clear the bit.  Ignored with read_only.
+     */
+    bool repair;
 } ExtreeOpenOptions;
 
 #define EXTREE_DEFAULT_CACHE_SIZE   (32 * 1024 * 1024)
@@ -82,12 +92,35 @@ int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
 
 /*
  * Pick the valid superblock with the highest generation (a torn newer slot
- * falls back to the older one), validate every field, load the free-space
- * tree: O(free items); the extent tree is not walked.
- * Unknown incompat bits: -ENOTSUP.  CORRUPT bit: -EACCES unless read-only.
+ * falls back to the older one), validate every field, read the extent
+ * tree's root node and, read-write only, load the free-space tree: O(free
+ * items); the extent tree is not walked.  A read-only handle never reads
+ * the free-space tree, so damage there does not prevent reading (or
+ * checking) the image.
+ * Unknown incompat bits: -ENOTSUP.  CORRUPT bit: -EACCES unless read-only
+ * or @o->repair.  Damaged free-space tree, read-write without @o->repair:
+ * -EIO (extree_mark_corrupt_image() can then flag the image).
  */
 int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
                 char **errmsg);
+
+/*
+ * Set when extree_open() skipped a superblock slot whose checksum was
+ * right but whose fields were not (a crash does not do that, so the
+ * newest commit may be lost, and the next commit overwrites that slot):
+ * "corrupt superblock at offset 0x..: <reason>; slot skipped ...".
+ * NULL otherwise.  Valid until extree_close().
+ */
+const char *extree_open_warning(const Extree *t);
+
+/*
+ * Mark an image corrupt without opening it: write the newest valid
+ * superblock again, one generation later, with INCOMPAT_CORRUPT set.
+ * Reads only the two superblock slots, so it works when extree_open()
+ * fails on damaged trees.  0 if the bit was already set; -ENOTSUP for
+ * unknown incompatible features.  Flushes.
+ */
+int extree_mark_corrupt_image(ExtreeBackend *be);
 
 /* Free all memory.  Does NOT commit: uncommitted changes are lost. */
 void extree_close(Extree *t);
@@ -96,6 +129,15 @@ void extree_close(Extree *t);
  * Make every change since the last commit durable: sync the free tree,
  * write dirty nodes, flush, write the other superblock slot, flush.
  * No-op if nothing is dirty.  O(dirty nodes + allocations since commit).
+ *
+ * Then give space back to the host file (best effort, errors ignored):
+ * ops->discard every host range the commit freed (overwritten, zeroed or
+ * punched DATA, copied-on-write and merged nodes, repaired leaks), and
+ * when commit lowered host_end, ops->truncate the file to it.  Commit
+ * lowers host_end when the space at the end of the file is free in the
+ * last durable state as well and at least 1 MiB long; space freed by the
+ * transaction itself is cut by the next commit.  The caller must not
+ * access freed host space after a commit (the QEMU driver's commit gate).
  */
 int extree_commit(Extree *t);
 bool extree_is_dirty(const Extree *t);
@@ -113,6 +155,14 @@ const char *extree_last_error(const Extree *t);
  * trees, uncommitted changes dropped); later updates fail with -EIO. */
 int extree_mark_corrupt(Extree *t);
 
+/*
+ * Clear INCOMPAT_CORRUPT in a new superblock generation.  Only on a
+ * writable handle (ExtreeOpenOptions.repair) right after an extree_check()
+ * of the current generation that left no corruption unrepaired (leaks do
+ * not count); -EINVAL otherwise.  0 if the bit is not set.
+ */
+int extree_clear_corrupt(Extree *t);
+
 /* Read-only accessors, O(1) */
 uint64_t extree_virtual_size(const Extree *t);
 uint32_t extree_block_size(const Extree *t);
@@ -120,7 +170,8 @@ uint32_t extree_node_size(const Extree *t);
 uint64_t extree_generation(const Extree *t);        /* last committed */
 uint64_t extree_extent_count(const Extree *t);
 unsigned extree_depth(const Extree *t);             /* levels, >= 1 */
-uint64_t extree_free_bytes(const Extree *t);
+uint64_t extree_free_bytes(const Extree *t);        /* read-only: the
+                                                     * superblock's */
 uint64_t extree_host_end(const Extree *t);
 uint64_t extree_data_start(const Extree *t);        /* ROUND_UP(8192, bs) */
 uint64_t extree_incompat_features(const Extree *t);
@@ -135,7 +186,8 @@ int extree_set_virtual_size(Extree *t, uint64_t size);
 
 /* Debug and benchmark counters, cumulative since open */
 typedef struct ExtreeStats {
-    uint64_t descents;          /* root-to-leaf searches */
+    uint64_t descents;          /* root-to-leaf searches that looked up at
+                                 * least one node in the cache */
     uint64_t next_leaf;         /* leaf steps that re-used the path */
     uint64_t cache_hits;
     uint64_t cache_misses;      /* = nodes read from the backend */
@@ -146,6 +198,8 @@ typedef struct ExtreeStats {
     uint64_t forced_commits;    /* by dirty_limit */
     uint64_t cached_nodes;      /* current */
     uint64_t dirty_nodes;       /* current */
+    uint64_t path_hits;         /* searches answered from the tree's last
+                                 * path alone (same leaf): not descents */
 } ExtreeStats;
 void extree_stats(const Extree *t, ExtreeStats *st);
 
@@ -237,6 +291,8 @@ typedef struct ExtreeCheckResult {
     uint64_t nodes, extents, free_items;
     uint64_t data_bytes, metadata_bytes, free_bytes;
     uint64_t unmerged;          /* adjacent mergeable items: not an error */
+    uint64_t repaired_corruptions;  /* of @corruptions: fixed by rebuilding
+                                     * the free-space tree */
 } ExtreeCheckResult;
 
 typedef void ExtreeReportFn(void *opaque, const char *msg);
@@ -244,9 +300,19 @@ typedef void ExtreeReportFn(void *opaque, const char *msg);
 /*
  * Commit pending changes (when writable), then read every node of both
  * trees from the backend (not the cache) and verify it, and verify that
- * every block of [data_start, host_end) has exactly one owner.  One @report
- * line per problem.  With @repair_leaks, leaked ranges are added to the free
- * tree and committed.  O(nodes + items) time and O(items) memory.
+ * every block of [data_start, host_end) has exactly one owner, and the
+ * superblock's extent_count and free_bytes.  One @report line per problem,
+ * "corrupt <structure> at offset 0x..: <reason>" for corruption.
+ * With @repair_leaks on a writable handle:
+ *   - no corruption: leaked ranges are added to the free tree, committed;
+ *   - corruption of the free-space tree only (its nodes, its accounting,
+ *     free space claimed by a node or an extent, or a free tree that could
+ *     not be loaded at open): the free-space tree is rebuilt from the
+ *     extent tree - every block that is neither an extent-tree node nor
+ *     DATA becomes free - and committed (repaired_corruptions, and the
+ *     leaks count as repaired);
+ *   - corruption of the extent tree: nothing is repaired.
+ * O(nodes + items) time and O(items) memory.
  * Returns 0 when the check ran (even if it found problems).
  */
 int extree_check(Extree *t, bool repair_leaks, ExtreeCheckResult *res,

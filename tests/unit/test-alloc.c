@@ -171,6 +171,152 @@ static void test_free_tree_sync(void)
     extree_mem_backend_free(be);
 }
 
+/* Host range of the DATA run at @guest */
+static uint64_t host_of(Extree *t, uint64_t guest)
+{
+    ExtreeRun run;
+    int n;
+
+    g_assert_cmpint(extree_lookup(t, guest, BS, &run, 1, &n), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
+    return run.host;
+}
+
+/*
+ * Free space is reused however it is spread: the lowest range that fits,
+ * found among thousands; when none fits but much is free, a partial
+ * allocation from the longest range instead of growing the file.
+ */
+static void test_fragmented_reuse(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    Extree *t = ct_open(be);
+    uint64_t host_end, host, got, low, total = 0;
+    int pieces = 0;
+
+    /* 4000 one-block extents, not host-contiguous in guest order */
+    for (int i = 0; i < 4000; i++) {
+        ct_write(t, (uint64_t)i * 2 * BS, BS);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    /* punch every other one: 2000 one-block holes all over the file */
+    for (int i = 0; i < 4000; i += 2) {
+        g_assert_cmpint(extree_punch(t, (uint64_t)i * 2 * BS, BS), ==, 0);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    host_end = extree_host_end(t);
+    g_assert_cmpuint(extree_free_bytes(t), >=, 2000 * BS);
+
+    /* one block at a guest offset with no neighbour: the lowest hole */
+    low = host_of(t, 2 * BS);
+    for (int i = 4; i < 4000; i += 4) {
+        low = MIN(low, host_of(t, (uint64_t)i * 2 * BS + 2 * BS));
+    }
+    g_assert_cmpint(extree_alloc_data(t, 100000 * BS, BS, &host, &got), ==,
+                    0);
+    g_assert_cmpuint(got, ==, BS);
+    g_assert_cmpuint(host, <, low);
+    g_assert_cmpint(extree_free_data(t, host, got), ==, 0);
+
+    /* 64 blocks: no hole is that long, a quarter of the file is free:
+     * pieces of existing space, the file does not grow */
+    while (total < 64 * BS) {
+        g_assert_cmpint(extree_alloc_data(t, (200000 + total / BS) * BS,
+                                          64 * BS - total, &host, &got), ==,
+                        0);
+        g_assert_cmpuint(got, <, 64 * BS);
+        g_assert_cmpuint(host + got, <=, host_end);
+        g_assert_cmpint(extree_map_data(t, (200000 + total / BS) * BS, got,
+                                        host), ==, 0);
+        total += got;
+        pieces++;
+    }
+    g_assert_cmpuint(extree_host_end(t), ==, host_end);
+    g_assert_cmpint(pieces, >, 1);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/* Rewriting, punching and zeroing at random for a long time: the file
+ * stays within a small multiple of the space in use */
+static void test_bounded_growth(void)
+{
+    uint64_t vsize = 16 << 20, nblocks = vsize / BS;
+    ExtreeBackend *be = ct_create(vsize, BS, NS);
+    Extree *t = ct_open(be);
+    GRand *r = g_rand_new_with_seed(17);
+    uint64_t max_end = 0;
+
+    for (int op = 0; op < 30000; op++) {
+        uint64_t n = g_rand_int_range(r, 0, 8) ? g_rand_int_range(r, 1, 9)
+                                              : g_rand_int_range(r, 1, 257);
+        uint64_t blk = g_rand_int_range(r, 0, nblocks - n + 1);
+        int kind = g_rand_int_range(r, 0, 10);
+
+        if (kind < 6) {
+            ct_write(t, blk * BS, n * BS);
+        } else if (kind < 8) {
+            g_assert_cmpint(extree_punch(t, blk * BS, n * BS), ==, 0);
+        } else {
+            g_assert_cmpint(extree_set_zero(t, blk * BS, n * BS), ==, 0);
+        }
+        if (op % 400 == 399) {
+            g_assert_cmpint(extree_commit(t), ==, 0);
+        }
+        max_end = MAX(max_end, extree_host_end(t));
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    if (g_test_verbose()) {
+        g_printerr("host_end max %" PRIu64 " MiB, end %" PRIu64 " MiB, free %"
+                   PRIu64 " MiB\n", max_end >> 20, extree_host_end(t) >> 20,
+                   extree_free_bytes(t) >> 20);
+    }
+    /* data (at most the virtual size), one transaction's frees, free
+     * space below 1/4 of the file, metadata */
+    g_assert_cmpuint(max_end, <=, 3 * vsize);
+    ct_check_clean(t, NULL);
+    g_rand_free(r);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/* The nodes one commit writes come from the metadata reserve, mostly
+ * consecutive: few, large writes */
+static void test_metadata_reserve(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, 4096);
+    Extree *t = ct_open(be);
+    ExtreeMemStats st;
+    ExtreeStats ts0, ts1;
+
+    for (int i = 0; i < 3000; i++) {
+        ct_write(t, (uint64_t)i * 2 * BS, BS);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    for (int round = 0; round < 3; round++) {
+        for (int i = round; i < 3000; i += 7) {
+            g_assert_cmpint(extree_set_zero(t, (uint64_t)i * 2 * BS, BS), ==,
+                            0);
+        }
+        extree_stats(t, &ts0);
+        extree_mem_backend_reset_stats(be);
+        g_assert_cmpint(extree_commit(t), ==, 0);
+        extree_mem_backend_stats(be, &st);
+        extree_stats(t, &ts1);
+        if (g_test_verbose()) {
+            g_printerr("%" PRIu64 " nodes in %" PRIu64 " writes\n",
+                       ts1.nodes_written - ts0.nodes_written, st.writes);
+        }
+        g_assert_cmpuint(ts1.nodes_written - ts0.nodes_written, >, 20);
+        /* the superblock, and the nodes in a handful of runs */
+        g_assert_cmpuint(st.writes, <=, 6);
+    }
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -179,5 +325,8 @@ int main(int argc, char **argv)
     g_test_add_func("/alloc/near-hint", test_near_hint);
     g_test_add_func("/alloc/pending-free", test_pending_free);
     g_test_add_func("/alloc/free-tree-sync", test_free_tree_sync);
+    g_test_add_func("/alloc/fragmented-reuse", test_fragmented_reuse);
+    g_test_add_func("/alloc/bounded-growth", test_bounded_growth);
+    g_test_add_func("/alloc/metadata-reserve", test_metadata_reserve);
     return g_test_run();
 }
