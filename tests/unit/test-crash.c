@@ -35,6 +35,7 @@
 #define BS              512
 #define NODE            4096
 #define DATA_MAGIC      0x4154414445455254ULL   /* "TREEDATA" */
+#define WBUF            (64 * 1024)             /* data write size */
 
 /* First bytes of every data block the workload writes */
 typedef struct DataHeader {
@@ -48,6 +49,7 @@ typedef struct State {
     Model m;
     bool forced;                /* by the dirty limit */
     const char *backing;        /* static string or NULL */
+    uint64_t host_end;
     size_t sb_index;            /* log index of its superblock write */
     size_t end;                 /* log prefix that makes it durable */
 } State;
@@ -118,6 +120,7 @@ static void wl_record_state(Workload *w, size_t from, bool forced)
     model_copy(&s.m, &w->model);
     s.forced = forced;
     s.backing = w->backing;
+    s.host_end = extree_host_end(w->t);
     g_array_append_val(w->states, s);
 }
 
@@ -170,12 +173,13 @@ static void wl_insert(Workload *w, uint64_t blk, uint64_t n, bool data)
                         ==, 0);
         wl_after_update(w, gen, from);
         g_assert_cmpuint(got, >, 0);
-        for (uint64_t i = 0; tag && i < got; i += BS) {
-            fill_block(w->buf + i, guest + i, tag);
-        }
-        if (tag) {
-            g_assert_cmpint(w->be->ops->pwrite(w->be->opaque, host, w->buf,
-                                               got), ==, 0);
+        for (uint64_t done = 0; tag && done < got; done += WBUF) {
+            uint64_t len = MIN(WBUF, got - done);
+            for (uint64_t i = 0; i < len; i += BS) {
+                fill_block(w->buf + i, guest + done + i, tag);
+            }
+            g_assert_cmpint(w->be->ops->pwrite(w->be->opaque, host + done,
+                                               w->buf, len), ==, 0);
         }
 
         gen = extree_generation(w->t);
@@ -210,8 +214,8 @@ static void wl_random_op(Workload *w, unsigned insert_pct)
     }
 }
 
-/* Create an image, then record a workload; states[0] is the created one */
-static void wl_run(Workload *w, uint64_t seed)
+/* Create an image and start recording; states[0] is the created one */
+static void wl_start(Workload *w, uint64_t seed)
 {
     State s0 = { 0 };
     char *err = NULL;
@@ -220,16 +224,28 @@ static void wl_run(Workload *w, uint64_t seed)
     w->seed = w->rng = seed;
     w->be = extree_mem_backend_new();
     w->states = g_array_new(false, false, sizeof(State));
-    w->buf = g_malloc(8 * BS);
+    w->buf = g_malloc(WBUF);
     model_init(&w->model, VSIZE, BS);
     g_assert_cmpint(extree_create(w->be, &create_params, &err), ==, 0);
 
     extree_mem_backend_start_recording(w->be);
     wl_open(w, 0);
     s0.gen = extree_generation(w->t);
+    s0.host_end = extree_host_end(w->t);
     model_init(&s0.m, VSIZE, BS);
     g_array_append_val(w->states, s0);
+}
 
+static void wl_stop(Workload *w)
+{
+    extree_close(w->t);
+    w->t = NULL;
+    extree_mem_backend_stop_recording(w->be);
+}
+
+/* Several transactions of every kind of update, some commits forced */
+static void wl_mixed(Workload *w)
+{
     /* T1: a few thousand extents, without data to keep the log short */
     for (int i = 0; i < 2500; i++) {
         wl_insert(w, model_rand_below(&w->rng, VSIZE / BS - 2),
@@ -257,10 +273,44 @@ static void wl_run(Workload *w, uint64_t seed)
         wl_random_op(w, 50);
     }
     wl_commit(w);
-    extree_close(w->t);
-    w->t = NULL;
-    extree_mem_backend_stop_recording(w->be);
+    /* T5: free most of the image (thousands of discards after commit) */
+    g_assert_cmpint(extree_punch(w->t, VSIZE / 8, VSIZE - VSIZE / 8), ==, 0);
+    model_set(&w->model, VSIZE / 8 / BS, (VSIZE - VSIZE / 8) / BS,
+              EXTREE_RUN_UNALLOC, 0, 0);
+    wl_commit(w);
+    for (int i = 0; i < 20; i++) {
+        wl_random_op(w, 50);
+    }
+    wl_commit(w);
 }
+
+/* Data at the end of the file is freed: a later commit lowers host_end
+ * and truncates the file; then the file grows again */
+static void wl_shrink(Workload *w)
+{
+    wl_insert(w, 0, (4 << 20) / BS, true);
+    wl_commit(w);
+    g_assert_cmpint(extree_punch(w->t, 0, 4 << 20), ==, 0);
+    model_set(&w->model, 0, (4 << 20) / BS, EXTREE_RUN_UNALLOC, 0, 0);
+    wl_commit(w);
+    for (int i = 0; i < 10; i++) {
+        wl_random_op(w, 70);
+    }
+    wl_commit(w);
+    wl_insert(w, (4 << 20) / BS, (2 << 20) / BS, true);
+    for (int i = 0; i < 10; i++) {
+        wl_random_op(w, 70);
+    }
+    wl_commit(w);
+}
+
+typedef struct Script {
+    void (*run)(Workload *w);
+    bool truncates;             /* must make the file shorter */
+} Script;
+
+static const Script script_mixed = { wl_mixed, false };
+static const Script script_shrink = { wl_shrink, true };
 
 static void wl_free(Workload *w)
 {
@@ -386,34 +436,44 @@ static void verify_image(Workload *w, size_t p, ExtreeCrashMode mode,
     extree_mem_backend_free(img);
 }
 
-static void test_enumerate(void)
+static void test_enumerate(gconstpointer opaque)
 {
+    const Script *script = opaque;
     Workload w;
     CrashStats cs = { 0 };
-    size_t len, flushes = 0;
+    size_t len, count[EXTREE_LOG_DISCARD + 1] = { 0 };
     gint64 t0 = g_get_monotonic_time();
     uint64_t seed = model_seed();
 
     g_test_message("seed %" PRIu64 " (EXTREE_SEED=%" PRIu64 " to replay)",
                    seed, seed);
-    wl_run(&w, seed);
+    wl_start(&w, seed);
+    script->run(&w);
+    wl_stop(&w);
     len = extree_mem_backend_log_length(w.be);
     for (size_t i = 0; i < len; i++) {
         ExtreeLogEntry e;
         extree_mem_backend_log_entry(w.be, i, &e);
-        flushes += e.op == EXTREE_LOG_FLUSH;
+        count[e.op]++;
     }
-    g_test_message("log: %zu entries, %zu flushes, %u committed states",
-                   len, flushes, w.states->len);
+    g_test_message("log: %zu entries: %zu writes, %zu flushes, %zu truncates, "
+                   "%zu discards; %u committed states", len,
+                   count[EXTREE_LOG_WRITE], count[EXTREE_LOG_FLUSH],
+                   count[EXTREE_LOG_TRUNCATE], count[EXTREE_LOG_DISCARD],
+                   w.states->len);
     for (guint i = 0; i < w.states->len; i++) {
         State *s = &g_array_index(w.states, State, i);
         g_test_message("  state %u: generation %" PRIu64 ", %" PRIu64
-                       " extents, superblock write at %zu, durable at %zu%s",
-                       i, s->gen, model_extent_count(&s->m),
+                       " extents, host end 0x%" PRIx64 ", superblock write "
+                       "at %zu, durable at %zu%s", i, s->gen,
+                       model_extent_count(&s->m), s->host_end,
                        i ? s->sb_index : 0, s->end,
                        s->forced ? " (forced)" : "");
     }
-    g_assert_cmpuint(w.states->len, >=, 6);
+    g_assert_cmpuint(w.states->len, >=, 4);
+    if (script->truncates) {
+        g_assert_cmpuint(count[EXTREE_LOG_TRUNCATE], >, 0);
+    }
 
     for (size_t p = 0; p <= len; p++) {
         verify_image(&w, p, EXTREE_CRASH_KEEP, 0, &cs);
@@ -799,7 +859,10 @@ int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/crash/create", test_create);
-    g_test_add_func("/crash/enumerate", test_enumerate);
+    g_test_add_data_func("/crash/enumerate/mixed", &script_mixed,
+                         test_enumerate);
+    g_test_add_data_func("/crash/enumerate/shrink", &script_shrink,
+                         test_enumerate);
     g_test_add_func("/crash/faults", test_faults);
     g_test_add_func("/crash/read-faults", test_read_faults);
     return g_test_run();

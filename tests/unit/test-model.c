@@ -77,6 +77,8 @@ typedef struct Run {
         uint64_t inserts, overwrites, seq, seq_extended, frees, punches;
         uint64_t zeroes;
         uint64_t commits, forced, reopens, dropped, walks, checks;
+        uint64_t shrinks;       /* commits that lowered host_end */
+        uint64_t host_end;      /* after the last commit */
         uint64_t max_extents;
         unsigned max_depth;
     } n;
@@ -143,6 +145,8 @@ static uint8_t *host_slot(Run *r, uint64_t host)
 /* The durable state is now the current one */
 static void host_commit(Run *r)
 {
+    r->n.shrinks += extree_host_end(r->t) < r->n.host_end;
+    r->n.host_end = extree_host_end(r->t);
     for (guint i = 0; i < r->host_changed->len; i++) {
         uint8_t *s = &r->hostmap[g_array_index(r->host_changed, uint64_t, i)];
         *s = (*s & HOST_CUR) ? HOST_CUR | HOST_COMMITTED : 0;
@@ -640,9 +644,10 @@ static void run_variant(gconstpointer opaque)
                    r->n.punches, r->n.zeroes);
     g_test_message("variant %s: %" PRIu64 " commits, %" PRIu64 " forced, %"
                    PRIu64 " reopens (%" PRIu64 " dropping changes), %" PRIu64
-                   " full walks, %" PRIu64 " checks", v->name, r->n.commits,
-                   r->n.forced, r->n.reopens, r->n.dropped, r->n.walks,
-                   r->n.checks);
+                   " full walks, %" PRIu64 " checks; %" PRIu64 " commits "
+                   "shrank the file", v->name, r->n.commits, r->n.forced,
+                   r->n.reopens, r->n.dropped, r->n.walks, r->n.checks,
+                   r->n.shrinks);
     g_test_message("variant %s: up to %" PRIu64 " extents, depth up to %u, "
                    "%" PRIu64 " at the end; host end %" PRIu64 " MiB, %"
                    PRIu64 " MiB free, %" PRIu64 " MiB of data; %.2f s",
