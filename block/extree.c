@@ -66,9 +66,6 @@
 /* Runs looked up per lock hold on the read path */
 #define EXTREE_READ_BATCH               16
 
-/* Host ranges remembered for discard after the next commit */
-#define EXTREE_MAX_FREED                65536
-
 /*
  * An allocating write in flight: guest blocks [start, end) have host space
  * allocated but not mapped yet.  Others that want to allocate or change
@@ -79,10 +76,6 @@ typedef struct ExtreeAllocReq {
     CoQueue waiters;
     QLIST_ENTRY(ExtreeAllocReq) next;
 } ExtreeAllocReq;
-
-typedef struct ExtreeHostRange {
-    uint64_t start, len;
-} ExtreeHostRange;
 
 typedef struct BDRVExtreeState {
     BlockDriverState *bs;
@@ -115,8 +108,9 @@ typedef struct BDRVExtreeState {
      * the lock held and does the I/O without it; from the lookup until the
      * I/O is done (and, for an allocating write, the range mapped) it is
      * counted in @io_inflight.  A commit makes the space freed in the
-     * transaction reusable and records every allocation as used, so it
-     * must not run while a request is counted: it bumps @commit_waiting,
+     * transaction reusable (and discards it in the host file) and records
+     * every allocation as used, so it must not run while a request is
+     * counted: it bumps @commit_waiting,
      * which holds new lookups back on @io_queue, and waits on
      * @commit_queue until @io_inflight drops to zero.  Protected by lock.
      */
@@ -124,12 +118,6 @@ typedef struct BDRVExtreeState {
     unsigned commit_waiting;
     CoQueue io_queue;
     CoQueue commit_queue;
-
-    /*
-     * DATA host ranges freed since the last commit, discarded in the host
-     * file once that commit is durable.  Protected by lock.
-     */
-    GArray *freed;
 
     /*
      * Corruption seen by the core, handled after the core call returned
@@ -419,36 +407,6 @@ static bool coroutine_fn extree_wait_alloc(BDRVExtreeState *s, uint64_t start,
 }
 
 /*
- * Discard in the host file the DATA ranges freed by the transaction just
- * committed, before anything can allocate them again, and shorten the file
- * when a freed range ends at host_end.  Best effort: a failure costs space,
- * not data.  Called right after a successful commit, with s->lock held or
- * with no request in flight.
- */
-static void coroutine_mixed_fn GRAPH_RDLOCK
-extree_discard_freed(BDRVExtreeState *s)
-{
-    uint64_t host_end = extree_host_end(s->t);
-
-    for (guint i = 0; i < s->freed->len; i++) {
-        ExtreeHostRange *r = &g_array_index(s->freed, ExtreeHostRange, i);
-
-        if (r->start + r->len == host_end) {
-            int64_t len = bdrv_getlength(s->bs->file->bs);
-            if (len > (int64_t)r->start) {
-                trace_extree_host_shrink(s, r->start);
-                bdrv_truncate(s->bs->file, r->start, false, PREALLOC_MODE_OFF,
-                              0, NULL);
-            }
-        } else {
-            trace_extree_host_discard(s, r->start, r->len);
-            bdrv_pdiscard(s->bs->file, r->start, r->len);
-        }
-    }
-    g_array_set_size(s->freed, 0);
-}
-
-/*
  * Commit, with no request in flight: open, close, reopen, inactivate (the
  * node is drained there).
  */
@@ -463,11 +421,6 @@ extree_commit_now(BDRVExtreeState *s)
     assert(s->io_inflight == 0);
     trace_extree_commit_start(s, extree_generation(s->t) + 1, 0);
     ret = extree_commit(s->t);
-    if (ret == 0) {
-        extree_discard_freed(s);
-    } else {
-        g_array_set_size(s->freed, 0);
-    }
     extree_handle_corruption(s);
     trace_extree_commit_done(s, extree_generation(s->t), ret);
     return ret;
@@ -492,11 +445,6 @@ static int coroutine_fn GRAPH_RDLOCK extree_commit_locked(BDRVExtreeState *s)
         qemu_co_queue_wait(&s->commit_queue, &s->lock);
     }
     ret = extree_commit(s->t);
-    if (ret == 0) {
-        extree_discard_freed(s);
-    } else {
-        g_array_set_size(s->freed, 0);
-    }
     if (--s->commit_waiting == 0) {
         qemu_co_queue_restart_all(&s->io_queue);
     }
@@ -641,6 +589,12 @@ out:
 /*
  * Open a core handle on bs->file.  @flags decide read-only: an inactive
  * image (incoming migration) is opened read-only until invalidate_cache.
+ * qemu-img check -r (BDRV_O_CHECK, read/write) opens in repair mode, which
+ * accepts an image marked corrupt or with a damaged free-space tree.
+ *
+ * A read/write open that finds damaged metadata marks the image corrupt
+ * (the handle cannot be had, so the core does it from the superblocks) and
+ * fails; it can then be opened read-only.
  */
 static int coroutine_mixed_fn GRAPH_RDLOCK
 extree_open_core(BDRVExtreeState *s, int flags, uint64_t cache_size,
@@ -650,28 +604,35 @@ extree_open_core(BDRVExtreeState *s, int flags, uint64_t cache_size,
         .read_only = !(flags & BDRV_O_RDWR) || (flags & BDRV_O_INACTIVE),
         .cache_size = cache_size,
         .dirty_limit = EXTREE_CORE_DIRTY_LIMIT_OFF,
+        .repair = (flags & BDRV_O_CHECK) && (flags & BDRV_O_RDWR),
     };
     g_autofree char *msg = NULL;
+    const char *warning;
     int ret;
 
     ret = extree_open(&s->backend, &o, out, &msg);
-    if (ret == -EACCES && (flags & BDRV_O_CHECK)) {
-        /*
-         * qemu-img check -r of an image marked corrupt: the core cannot
-         * repair it, but it can still check it
-         */
-        g_free(msg);
-        msg = NULL;
-        o.read_only = true;
-        ret = extree_open(&s->backend, &o, out, &msg);
-    }
     if (ret == -EACCES) {
         error_setg(errp, "extree: Image is corrupt; cannot be opened "
                    "read/write");
         return ret;
+    } else if (ret == -EIO && !o.read_only && msg &&
+               g_str_has_prefix(msg, "corrupt ")) {
+        int ret2 = extree_mark_corrupt_image(&s->backend);
+
+        error_setg(errp, "extree: %s", msg);
+        if (ret2 == 0) {
+            error_append_hint(errp, "The image has been marked corrupt; it "
+                              "can still be opened read-only.\n");
+        }
+        return ret;
     } else if (ret < 0) {
         error_setg(errp, "extree: %s", msg ? msg : strerror(-ret));
         return ret;
+    }
+
+    warning = extree_open_warning(*out);
+    if (warning) {
+        warn_report("extree: %s", warning);
     }
     *read_only = o.read_only;
     return 0;
@@ -720,7 +681,6 @@ static void extree_drop_core(BDRVExtreeState *s)
         extree_close(s->t);
         s->t = NULL;
     }
-    g_array_set_size(s->freed, 0);
 }
 
 static void extree_init_state(BlockDriverState *bs)
@@ -734,7 +694,6 @@ static void extree_init_state(BlockDriverState *bs)
     qemu_co_queue_init(&s->io_queue);
     qemu_co_queue_init(&s->commit_queue);
     QLIST_INIT(&s->alloc_reqs);
-    s->freed = g_array_new(false, false, sizeof(ExtreeHostRange));
     s->dirty_limit = EXTREE_DEFAULT_DIRTY_LIMIT;
 }
 
@@ -784,7 +743,7 @@ static int extree_open_bs(BlockDriverState *bs, QDict *options, int flags,
     ret = extree_parse_runtime_opts(options, &s->cache_size,
                                     &s->commit_interval, errp);
     if (ret < 0) {
-        goto fail;
+        return ret;
     }
     s->inactive = flags & BDRV_O_INACTIVE;
 
@@ -795,7 +754,7 @@ static int extree_open_bs(BlockDriverState *bs, QDict *options, int flags,
     AIO_WAIT_WHILE_UNLOCKED(NULL, oc.ret == -EINPROGRESS);
     ret = oc.ret;
     if (ret < 0) {
-        goto fail;
+        return ret;
     }
 
     bs->supported_zero_flags = BDRV_REQ_MAY_UNMAP | BDRV_REQ_NO_FALLBACK;
@@ -803,11 +762,6 @@ static int extree_open_bs(BlockDriverState *bs, QDict *options, int flags,
 
     extree_attach_aio_context(bs, bdrv_get_aio_context(bs));
     return 0;
-
-fail:
-    g_array_free(s->freed, true);
-    s->freed = NULL;
-    return ret;
 }
 
 static void extree_refresh_limits(BlockDriverState *bs, Error **errp)
@@ -845,8 +799,6 @@ static void GRAPH_UNLOCKED extree_close_bs(BlockDriverState *bs)
     extree_do_close(bs);
     g_free(s->corrupt_msg);
     s->corrupt_msg = NULL;
-    g_array_free(s->freed, true);
-    s->freed = NULL;
 }
 
 /*
@@ -1312,60 +1264,6 @@ typedef enum ExtreeRangeOp {
 } ExtreeRangeOp;
 
 /*
- * Remember the DATA host ranges in guest [start, end) for a discard after
- * the next commit, before an update frees them.  *@mark is where they
- * start in s->freed: if the update fails, extree_forget_freed() drops them
- * (they are still in use then).  Called with s->lock held (or no request
- * in flight).  O(extents in the range).
- */
-static int coroutine_mixed_fn GRAPH_RDLOCK
-extree_collect_freed(BDRVExtreeState *s, uint64_t start, uint64_t end,
-                     guint *mark)
-{
-    uint64_t vsize = extree_virtual_size(s->t);
-    ExtreeCursor cur;
-    int ret = 0;
-
-    *mark = s->freed->len;
-
-    end = MIN(end, vsize);
-    extree_cursor_init(&cur, s->t);
-    while (start < end && s->freed->len < EXTREE_MAX_FREED) {
-        ExtreeRun run;
-
-        ret = extree_cursor_query(&cur, start, end - start,
-                                  EXTREE_COALESCE_HOST, &run);
-        if (ret < 0) {
-            break;
-        }
-        if (run.type == EXTREE_RUN_DATA) {
-            ExtreeHostRange r = {
-                run.host, ROUND_UP(run.length, s->block_size)
-            };
-            ExtreeHostRange *last = s->freed->len > *mark ?
-                &g_array_index(s->freed, ExtreeHostRange, s->freed->len - 1) :
-                NULL;
-            if (last && last->start + last->len == r.start) {
-                last->len += r.len;
-            } else {
-                g_array_append_val(s->freed, r);
-            }
-        }
-        start += run.length;
-    }
-    extree_cursor_release(&cur);
-    if (ret < 0) {
-        g_array_set_size(s->freed, *mark);
-    }
-    return ret;
-}
-
-static void extree_forget_freed(BDRVExtreeState *s, guint mark)
-{
-    g_array_set_size(s->freed, mark);
-}
-
-/*
  * Make block-aligned guest [start, end) unallocated or a ZERO extent,
  * freeing its DATA space.  Waits for allocating writes into the range
  * first.  Called with s->lock held; may drop and retake it.
@@ -1374,25 +1272,13 @@ static int coroutine_fn GRAPH_RDLOCK
 extree_update_range(BDRVExtreeState *s, uint64_t start, uint64_t end,
                     ExtreeRangeOp op)
 {
-    guint mark;
-    int ret;
-
     assert(QEMU_IS_ALIGNED(start | end, s->block_size) && start < end);
     trace_extree_update_range(s, start, end, op);
     extree_wait_alloc(s, start, end);
-    ret = extree_collect_freed(s, start, end, &mark);
-    if (ret < 0) {
-        return ret;
-    }
     if (op == EXTREE_OP_ZERO) {
-        ret = extree_set_zero(s->t, start, end - start);
-    } else {
-        ret = extree_punch(s->t, start, end - start);
+        return extree_set_zero(s->t, start, end - start);
     }
-    if (ret < 0) {
-        extree_forget_freed(s, mark);
-    }
-    return ret;
+    return extree_punch(s->t, start, end - start);
 }
 
 /*
@@ -1689,8 +1575,6 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
     old = extree_virtual_size(s->t);
     trace_extree_co_truncate_start(s, old, offset, prealloc, flags);
     if (offset < old) {
-        guint mark;
-
         if (prealloc != PREALLOC_MODE_OFF) {
             error_setg(errp, "Preallocation can't be used for shrinking an "
                        "image");
@@ -1698,13 +1582,7 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
             goto out;
         }
         extree_wait_alloc(s, QEMU_ALIGN_DOWN(offset, bsz), UINT64_MAX);
-        ret = extree_collect_freed(s, ROUND_UP(offset, bsz), old, &mark);
-        if (ret == 0) {
-            ret = extree_set_virtual_size(s->t, offset);
-            if (ret < 0) {
-                extree_forget_freed(s, mark);
-            }
-        }
+        ret = extree_set_virtual_size(s->t, offset);
         if (ret < 0) {
             error_setg_errno(errp, -ret, "Could not shrink the image");
             goto out;
@@ -1905,11 +1783,19 @@ extree_count_fragments(BDRVExtreeState *s, BlockFragInfo *bfi)
     return ret;
 }
 
+/*
+ * qemu-img check.  -r leaks: leaked space goes back to the free-space tree
+ * (only if nothing is corrupt).  -r all: also a damaged free-space tree is
+ * rebuilt from the extent tree.  Damage to the extent tree is never
+ * repaired.  When no corruption is left, the corrupt bit is cleared, as
+ * qcow2 does.
+ */
 static int coroutine_fn GRAPH_RDLOCK
 extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
                 BdrvCheckMode fix)
 {
     BDRVExtreeState *s = bs->opaque;
+    bool repair = fix & (BDRV_FIX_LEAKS | BDRV_FIX_ERRORS);
     ExtreeCheckResult r;
     uint64_t leaked_blocks;
     int ret;
@@ -1921,24 +1807,45 @@ extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
         result->check_errors++;
         goto out;
     }
-    ret = extree_check(s->t, fix & BDRV_FIX_LEAKS, &r, extree_check_report,
-                       NULL);
+    if (repair && !(fix & BDRV_FIX_ERRORS)) {
+        /*
+         * The core repairs a damaged free tree along with leaks: not for
+         * -r leaks, so look first
+         */
+        ret = extree_check(s->t, false, &r, NULL, NULL);
+        if (ret == 0 && r.corruptions) {
+            repair = false;
+        }
+    }
+    ret = extree_check(s->t, repair, &r, extree_check_report, NULL);
     if (ret < 0) {
         fprintf(stderr, "extree: check failed: %s\n", strerror(-ret));
         result->check_errors++;
         goto out;
     }
     leaked_blocks = r.leaked_bytes / s->block_size;
-    result->corruptions = r.corruptions;
+    result->corruptions = r.corruptions - r.repaired_corruptions;
+    result->corruptions_fixed = r.repaired_corruptions;
     if (r.leaks && r.repaired_leaks == r.leaks) {
         result->leaks_fixed = leaked_blocks;
     } else {
         result->leaks = leaked_blocks;
     }
+    if (repair && !result->corruptions &&
+        (extree_incompat_features(s->t) & EXTREE_INCOMPAT_CORRUPT)) {
+        ret = extree_clear_corrupt(s->t);
+        if (ret < 0) {
+            fprintf(stderr, "extree: could not clear the corrupt bit: %s\n",
+                    strerror(-ret));
+            result->check_errors++;
+        } else {
+            fprintf(stderr, "extree: corrupt bit cleared\n");
+        }
+    }
     result->image_end_offset = extree_host_end(s->t);
     result->bfi.total_clusters =
         DIV_ROUND_UP(extree_virtual_size(s->t), s->block_size);
-    if (r.corruptions == 0) {
+    if (!result->corruptions) {
         ret = extree_count_fragments(s, &result->bfi);
         if (ret < 0) {
             result->check_errors++;

@@ -130,9 +130,13 @@ def main():
                                                                3000))
         print('superblock slot %d: block_size 3000' % img.slot)
     elif what == 'super-csum':
-        # newest slot: a torn write (bad checksum)
+        # newest slot: bad checksum
         img.write(img.slot * SB_SIZE + 200, b'\xff' * 8)
         print('superblock slot %d: checksum' % img.slot)
+    elif what == 'super-torn':
+        # the other slot, as a commit torn while writing it leaves it
+        img.write((1 - img.slot) * SB_SIZE + 200, b'\xff' * 8)
+        print('superblock slot %d: torn' % (1 - img.slot))
     elif what == 'super-both':
         for slot in (0, 1):
             img.write(slot * SB_SIZE + 200, b'\xff' * 8)
