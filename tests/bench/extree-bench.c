@@ -46,6 +46,7 @@ typedef struct Result {
     double insert_s, walk_ns, lookup_us, open_ms, meta_per_extent;
     double check_s;
     double descents_per_insert, written_per_commit;
+    double mib_per_commit, writes_per_commit, discards_per_commit;
     uint64_t extents, nodes, metadata_bytes, commits, forced;
     unsigned depth;
 } Result;
@@ -101,8 +102,74 @@ static Extree *bench_open(ExtreeBackend *be, const Options *o)
     return t;
 }
 
-static void run_backend(ExtreeBackend *be, const Options *o, Result *res)
+/* Counts the I/O the core does, whatever the backend underneath */
+typedef struct CountingBackend {
+    ExtreeBackend be;
+    ExtreeBackend *inner;
+    uint64_t writes, bytes_written, flushes, discards, truncates;
+} CountingBackend;
+
+static int cnt_pread(void *opaque, uint64_t offset, void *buf, uint64_t bytes)
 {
+    CountingBackend *c = opaque;
+
+    return c->inner->ops->pread(c->inner->opaque, offset, buf, bytes);
+}
+
+static int cnt_pwrite(void *opaque, uint64_t offset, const void *buf,
+                      uint64_t bytes)
+{
+    CountingBackend *c = opaque;
+
+    c->writes++;
+    c->bytes_written += bytes;
+    return c->inner->ops->pwrite(c->inner->opaque, offset, buf, bytes);
+}
+
+static int cnt_flush(void *opaque)
+{
+    CountingBackend *c = opaque;
+
+    c->flushes++;
+    return c->inner->ops->flush(c->inner->opaque);
+}
+
+static int cnt_truncate(void *opaque, uint64_t size)
+{
+    CountingBackend *c = opaque;
+
+    c->truncates++;
+    return c->inner->ops->truncate(c->inner->opaque, size);
+}
+
+static int cnt_discard(void *opaque, uint64_t offset, uint64_t bytes)
+{
+    CountingBackend *c = opaque;
+
+    c->discards++;
+    return c->inner->ops->discard(c->inner->opaque, offset, bytes);
+}
+
+static int64_t cnt_get_length(void *opaque)
+{
+    CountingBackend *c = opaque;
+
+    return c->inner->ops->get_length(c->inner->opaque);
+}
+
+static const ExtreeBackendOps cnt_ops = {
+    .pread = cnt_pread,
+    .pwrite = cnt_pwrite,
+    .flush = cnt_flush,
+    .truncate = cnt_truncate,
+    .discard = cnt_discard,
+    .get_length = cnt_get_length,
+};
+
+static void run_backend(ExtreeBackend *inner, const Options *o, Result *res)
+{
+    CountingBackend cnt = { .be = { &cnt_ops, &cnt }, .inner = inner };
+    ExtreeBackend *be = &cnt.be;
     ExtreeCreateParams cp = {
         .virtual_size = 2 * o->extents * o->block_size,
         .block_size = o->block_size,
@@ -161,6 +228,9 @@ static void run_backend(ExtreeBackend *be, const Options *o, Result *res)
     /* Where insert time goes: searches per insert, nodes CoW'd per commit */
     res->descents_per_insert = (double)st.descents / n;
     res->written_per_commit = (double)st.nodes_written / MAX(st.commits, 1);
+    res->mib_per_commit = cnt.bytes_written / 1048576.0 / MAX(st.commits, 1);
+    res->writes_per_commit = (double)cnt.writes / MAX(st.commits, 1);
+    res->discards_per_commit = (double)cnt.discards / MAX(st.commits, 1);
     res->extents = extree_extent_count(t);
     res->depth = extree_depth(t);
     if (res->extents != n) {
@@ -272,6 +342,9 @@ static void print_table(const Options *o, const Result *res, int nres)
     ROW("insert: descents per insert", descents_per_insert, "%14.2f", "");
     ROW("insert: nodes written per commit", written_per_commit, "%14.0f",
         "");
+    ROW("insert: MiB written per commit", mib_per_commit, "%14.1f", "");
+    ROW("insert: pwrites per commit", writes_per_commit, "%14.0f", "");
+    ROW("insert: discards per commit", discards_per_commit, "%14.0f", "");
     ROW("commits", commits, "%14" PRIu64, "");
     ROW("forced commits", forced, "%14" PRIu64, "");
 #undef ROW
@@ -281,15 +354,17 @@ static void print_csv(const Options *o, const Result *res, int nres)
 {
     printf("backend,extents,insert_s,walk_ns_per_extent,lookup_us,open_ms,"
            "metadata_bytes_per_extent,check_s,depth,nodes,commits,"
-           "forced_commits,descents_per_insert,nodes_written_per_commit\n");
+           "forced_commits,descents_per_insert,nodes_written_per_commit,"
+           "mib_written_per_commit,pwrites_per_commit,discards_per_commit\n");
     for (int i = 0; i < nres; i++) {
         const Result *r = &res[i];
         printf("%s,%" PRIu64 ",%.3f,%.2f,%.4f,%.4f,%.2f,%.3f,%u,%" PRIu64
-               ",%" PRIu64 ",%" PRIu64 ",%.2f,%.0f\n", r->backend,
-               o->extents, r->insert_s, r->walk_ns, r->lookup_us, r->open_ms,
-               r->meta_per_extent, r->check_s, r->depth, r->nodes,
-               r->commits, r->forced, r->descents_per_insert,
-               r->written_per_commit);
+               ",%" PRIu64 ",%" PRIu64 ",%.2f,%.0f,%.2f,%.0f,%.0f\n",
+               r->backend, o->extents, r->insert_s, r->walk_ns, r->lookup_us,
+               r->open_ms, r->meta_per_extent, r->check_s, r->depth,
+               r->nodes, r->commits, r->forced, r->descents_per_insert,
+               r->written_per_commit, r->mib_per_commit,
+               r->writes_per_commit, r->discards_per_commit);
     }
 }
 
