@@ -2,15 +2,19 @@
  * Crash-point enumeration and I/O failure tests of the extree core
  *
  * A workload of several transactions (maps with data, overwrites, punches,
- * zeroes, explicit commits and commits forced by a small dirty limit) runs
- * on a recording memory backend.  Then for every prefix of the write log,
- * with the writes after its last flush kept, dropped, torn or torn with
- * garbage, the resulting device must open, show exactly one committed state
- * (mapping, generation and the data it points to) that a crash at that
- * point may legitimately leave, and pass the checker without corruption.
+ * zeroes, explicit commits and commits forced by a small dirty limit; and
+ * one that makes the file shrink and grow) runs on a recording memory
+ * backend.  Then for every prefix of the log of writes, flushes, discards
+ * and truncates, with the entries after its last flush kept, dropped, torn
+ * or torn with garbage, the resulting device must open, show exactly one
+ * committed state (mapping, generation, backing file and the data it points
+ * to) that a crash at that point may legitimately leave, and pass the
+ * checker without corruption or leak.  A crash during create leaves either
+ * no image or the empty one.
  *
  * Failed writes and flushes during a commit must fail the commit and leave
- * the previous committed state on disk.
+ * the previous committed state on disk; a failed node read must fail the
+ * call and leave the image as last committed.
  *
  * Copyright (c) 2026 The extree authors
  *
