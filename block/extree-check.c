@@ -250,21 +250,23 @@ static GArray *used_ranges(CheckCtx *c)
  * The repairs @repair_leaks allows, after the walk.  Returns 0 or the error
  * of the commit that makes them durable.
  */
-static int repair(CheckCtx *c, GArray *leaks)
+static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
 {
     Extree *t = c->t;
     ExtreeCheckResult *res = c->res;
+    bool free_bad = c->free_bad || !t->alloc_loaded;
     int ret = 0;
 
-    if (t->read_only || t->broken || c->extent_bad) {
-        if (leaks->len) {
+    if (t->read_only || t->broken || c->extent_bad ||
+        (free_bad && !(fix & EXTREE_FIX_ERRORS))) {
+        if (leaks->len && (fix & EXTREE_FIX_LEAKS)) {
             say(c, "leaks not repaired: %s", t->read_only ? "read-only" :
                 t->broken ? "the image handle failed earlier" :
                 "the image has corruptions");
         }
         return 0;
     }
-    if (c->free_bad || !t->alloc_loaded) {
+    if (free_bad) {
         /* "-r all": the extent tree is sound, the free tree is not; every
          * block that is neither an extent-tree node nor DATA is free */
         GArray *used = used_ranges(c);
@@ -285,6 +287,9 @@ static int repair(CheckCtx *c, GArray *leaks)
         res->repaired_leaks = res->leaks;
         return 0;
     }
+    if (!(fix & EXTREE_FIX_LEAKS)) {
+        return 0;
+    }
     for (guint i = 0; i < leaks->len && ret == 0; i++) {
         const Claim *l = &g_array_index(leaks, Claim, i);
         ret = extree_alloc_add_free(t, l->start, l->len);
@@ -300,6 +305,17 @@ static int repair(CheckCtx *c, GArray *leaks)
 
 int extree_check(Extree *t, bool repair_leaks, ExtreeCheckResult *res,
                  ExtreeReportFn *report, void *opaque)
+{
+    unsigned fix = 0;
+
+    if (repair_leaks) {
+        fix = EXTREE_FIX_LEAKS | (t->repair ? EXTREE_FIX_ERRORS : 0);
+    }
+    return extree_check_fix(t, fix, res, report, opaque);
+}
+
+int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
+                     ExtreeReportFn *report, void *opaque)
 {
     CheckCtx c = { .t = t, .res = res, .report = report, .opaque = opaque };
     GArray *leaks = g_array_new(false, false, sizeof(Claim));
@@ -362,8 +378,8 @@ int extree_check(Extree *t, bool repair_leaks, ExtreeCheckResult *res,
         leak(&c, leaks, pos, t->host_end);
     }
 
-    if (repair_leaks) {
-        ret = repair(&c, leaks);
+    if (fix) {
+        ret = repair(&c, fix, leaks);
     }
     if (ret == 0 && res->corruptions == res->repaired_corruptions &&
         !extree_is_dirty(t)) {

@@ -226,6 +226,8 @@ struct Extree {
     uint32_t block_size, node_size;
     int leaf_cap, ptr_cap;
     uint64_t virtual_size, host_end, data_start;
+    uint64_t sb_host_end;       /* host_end of the last committed state:
+                                 * nodes read from disk lie below it */
     uint64_t generation;        /* last committed superblock */
     uint64_t trans_gen;         /* generation + 1: nodes of this
                                  * transaction carry it and are writable */

@@ -271,11 +271,12 @@ static int leaf_item_check(Extree *t, uint32_t owner, const ExtreeItem *it,
     }
     /* DATA and FREE: a host range inside the data area */
     if (!EXTREE_IS_ALIGNED(it->host, bs) || it->host < t->data_start ||
-        it->host >= t->host_end || it->length > t->host_end - it->host) {
+        it->host >= t->sb_host_end ||
+        it->length > t->sb_host_end - it->host) {
         *why = g_strdup_printf("bad host range at slot %d, have [0x%" PRIx64
                                ", +0x%" PRIx64 ") expect inside [0x%" PRIx64
                                ", 0x%" PRIx64 ")", i, it->host, it->length,
-                               t->data_start, t->host_end);
+                               t->data_start, t->sb_host_end);
         return -EIO;
     }
     return 0;
@@ -283,7 +284,9 @@ static int leaf_item_check(Extree *t, uint32_t owner, const ExtreeItem *it,
 
 /*
  * Tree-checker: every header field and every item of a node image read
- * from @bytenr.  On failure *@why says what (g_malloc'd), e.g.
+ * from @bytenr.  Nodes on disk belong to the last committed state: they
+ * are checked against its host_end, which the running transaction may
+ * have lowered (extree_alloc_trim_tail()) or raised.  On failure *@why says what (g_malloc'd), e.g.
  * "bad checksum, have 0x1234 expect 0x5678".
  */
 int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
@@ -366,8 +369,8 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
             }
             prev_end = kp.key;
             if (!EXTREE_IS_ALIGNED(kp.child, t->block_size) ||
-                kp.child < t->data_start || kp.child >= t->host_end ||
-                t->host_end - kp.child < t->node_size) {
+                kp.child < t->data_start || kp.child >= t->sb_host_end ||
+                t->sb_host_end - kp.child < t->node_size) {
                 *why = g_strdup_printf("bad child pointer at slot %u, have "
                                        "0x%" PRIx64, i, kp.child);
                 return -EIO;
@@ -438,12 +441,12 @@ int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
     }
 
     if (!EXTREE_IS_ALIGNED(bytenr, t->block_size) ||
-        bytenr < t->data_start || bytenr >= t->host_end ||
-        t->host_end - bytenr < t->node_size) {
+        bytenr < t->data_start || bytenr >= t->sb_host_end ||
+        t->sb_host_end - bytenr < t->node_size) {
         return extree_corrupt(t, bytenr, "corrupt %s node at offset 0x%"
                               PRIx64 ": bad location, expect inside [0x%"
                               PRIx64 ", 0x%" PRIx64 ")", tree, bytenr,
-                              t->data_start, t->host_end);
+                              t->data_start, t->sb_host_end);
     }
     t->stats.cache_misses++;
     n = g_new0(ExtreeNode, 1);

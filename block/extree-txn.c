@@ -360,14 +360,22 @@ static void tree_init(ExtreeTree *tree, uint32_t owner, const ExtreeSuper *s,
     tree->total = 0;
 }
 
+/* What read_supers() found out about the slot it did not use */
+typedef struct ExtreeSkipped {
+    bool skipped;               /* the slot is invalid */
+    bool sum_ok;                /* ... but magic and checksum were right */
+    uint64_t raw_gen;           /* its generation field, as stored */
+    char *why;                  /* "corrupt superblock at offset 0x..: ..;
+                                 * slot skipped, ..." (g_malloc'd) */
+} ExtreeSkipped;
+
 /*
  * Read and decode both superblock slots; *@best is the valid one with the
  * highest generation, or -1 (then *@errmsg says why, and the return value
- * is the error).  A skipped slot whose checksum was right is described in
- * *@warning (g_malloc'd), if @warning is not NULL.
+ * is the error).  @skip describes the other slot if it is invalid.
  */
 static int read_supers(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
-                       char **errmsg, char **warning)
+                       char **errmsg, ExtreeSkipped *skip)
 {
     uint8_t *buf = g_malloc(EXTREE_SB_SIZE);
     char *why[2] = { NULL, NULL };
@@ -375,6 +383,7 @@ static int read_supers(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
     uint64_t raw_gen[2] = { 0, 0 };
     int rc[2], ret = 0;
 
+    memset(skip, 0, sizeof(*skip));
     *best = -1;
     for (int i = 0; i < 2; i++) {
         rc[i] = be->ops->pread(be->opaque, i * EXTREE_SB_SIZE, buf,
@@ -400,17 +409,28 @@ static int read_supers(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
         *errmsg = g_strdup_printf("corrupt superblock at offset 0x0: %s; "
                                   "corrupt superblock at offset 0x1000: %s",
                                   why[0], why[1]);
-    } else if (warning && rc[!*best] < 0 && sum_ok[!*best]) {
-        /* Not a torn write: someone wrote a bad superblock, perhaps the
-         * newest one; it is overwritten by the next commit */
+    } else if (rc[!*best] < 0) {
         int i = !*best;
-        *warning = g_strdup_printf("corrupt superblock at offset 0x%x: %s; "
-                                   "slot skipped (its generation field is %"
-                                   PRIu64 "), image opened at generation %"
-                                   PRIu64 " from offset 0x%x",
-                                   i * EXTREE_SB_SIZE, why[i], raw_gen[i],
-                                   sb[*best].generation,
-                                   *best * EXTREE_SB_SIZE);
+        skip->skipped = true;
+        skip->sum_ok = sum_ok[i];
+        skip->raw_gen = raw_gen[i];
+        if (sum_ok[i]) {
+            skip->why = g_strdup_printf("corrupt superblock at offset 0x%x: "
+                                        "%s; slot skipped (its generation "
+                                        "field is %" PRIu64 "), image opened"
+                                        " at generation %" PRIu64 " from "
+                                        "offset 0x%x", i * EXTREE_SB_SIZE,
+                                        why[i], raw_gen[i],
+                                        sb[*best].generation,
+                                        *best * EXTREE_SB_SIZE);
+        } else {
+            skip->why = g_strdup_printf("corrupt superblock at offset 0x%x: "
+                                        "%s; slot skipped, image opened at "
+                                        "generation %" PRIu64 " from offset "
+                                        "0x%x", i * EXTREE_SB_SIZE, why[i],
+                                        sb[*best].generation,
+                                        *best * EXTREE_SB_SIZE);
+        }
     }
     g_free(why[0]);
     g_free(why[1]);
@@ -422,7 +442,7 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
 {
     ExtreeOpenOptions defaults = { 0 };
     ExtreeSuper sb[2];
-    char *warning = NULL;
+    ExtreeSkipped skip;
     int best, ret;
     Extree *t;
 
@@ -431,7 +451,7 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     if (!o) {
         o = &defaults;
     }
-    ret = read_supers(be, sb, &best, errmsg, &warning);
+    ret = read_supers(be, sb, &best, errmsg, &skip);
     if (best < 0) {
         return ret;
     }
@@ -440,14 +460,14 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
         *errmsg = g_strdup_printf("Unsupported incompatible features 0x%"
                                   PRIx64, (uint64_t)(sb[best].incompat &
                                   ~EXTREE_INCOMPAT_MASK));
-        g_free(warning);
+        g_free(skip.why);
         return -ENOTSUP;
     }
     if ((sb[best].incompat & EXTREE_INCOMPAT_CORRUPT) && !o->read_only &&
         !o->repair) {
         *errmsg = g_strdup("Image is marked corrupt; it can only be opened "
                            "read-only");
-        g_free(warning);
+        g_free(skip.why);
         return -EACCES;
     }
 
@@ -455,13 +475,15 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     t->be = be;
     t->read_only = o->read_only;
     t->repair = o->repair && !o->read_only;
-    t->open_warning = warning;
+    /* Not a torn write: someone wrote a bad superblock, perhaps the newest
+     * one; it is overwritten by the next commit */
+    t->open_warning = skip.sum_ok ? g_strdup(skip.why) : NULL;
     t->block_size = sb[best].block_size;
     t->node_size = sb[best].node_size;
     t->leaf_cap = EXTREE_LEAF_CAPACITY(t->node_size);
     t->ptr_cap = EXTREE_INTERIOR_CAPACITY(t->node_size);
     t->virtual_size = sb[best].virtual_size;
-    t->host_end = sb[best].host_end;
+    t->host_end = t->sb_host_end = sb[best].host_end;
     t->data_start = EXTREE_ROUND_UP(EXTREE_SB_AREA, t->block_size);
     t->generation = sb[best].generation;
     t->trans_gen = t->generation + 1;
@@ -509,11 +531,19 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
         }
     }
     if (ret < 0) {
-        *errmsg = g_strdup(t->last_error ? t->last_error
-                                         : g_strerror(-ret));
+        const char *why = t->last_error ? t->last_error : g_strerror(-ret);
+        /* The skipped slot may be the real problem (a durable commit
+         * discards what the older generation alone used) */
+        if (skip.skipped) {
+            *errmsg = g_strdup_printf("%s; then: %s", skip.why, why);
+        } else {
+            *errmsg = g_strdup(why);
+        }
+        g_free(skip.why);
         extree_close(t);
         return ret;
     }
+    g_free(skip.why);
     *out = t;
     return 0;
 }
@@ -634,6 +664,7 @@ int extree_commit(Extree *t)
     extree_alloc_commit_done(t, freed);
     extree_node_commit_done(t);
     *t->csb = s;
+    t->sb_host_end = s.host_end;
     t->generation = t->trans_gen;
     t->trans_gen++;
     t->super_dirty = false;
@@ -716,16 +747,24 @@ int extree_mark_corrupt(Extree *t)
 int extree_mark_corrupt_image(ExtreeBackend *be)
 {
     ExtreeSuper sb[2];
+    ExtreeSkipped skip;
     char *msg = NULL;
     int best, ret;
 
-    ret = read_supers(be, sb, &best, &msg, NULL);
+    ret = read_supers(be, sb, &best, &msg, &skip);
     g_free(msg);
+    g_free(skip.why);
     if (best < 0) {
         return ret;
     }
     if (sb[best].incompat & ~EXTREE_INCOMPAT_MASK) {
         return -ENOTSUP;
+    }
+    /* The slot written next holds a newer superblock with a bad field:
+     * the only copy of the newest state, perhaps repairable by hand */
+    if (skip.skipped && skip.sum_ok &&
+        skip.raw_gen > sb[best].generation) {
+        return -EEXIST;
     }
     if (sb[best].incompat & EXTREE_INCOMPAT_CORRUPT) {
         return 0;

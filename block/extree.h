@@ -96,7 +96,9 @@ int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
  * tree's root node and, read-write only, load the free-space tree: O(free
  * items); the extent tree is not walked.  A read-only handle never reads
  * the free-space tree, so damage there does not prevent reading (or
- * checking) the image.
+ * checking) the image.  When open fails after skipping an invalid slot,
+ * *@errmsg names that slot first ("corrupt superblock at offset 0x..: ..;
+ * slot skipped, ...; then: <error>").
  * Unknown incompat bits: -ENOTSUP.  CORRUPT bit: -EACCES unless read-only
  * or @o->repair.  Damaged free-space tree, read-write without @o->repair:
  * -EIO (extree_mark_corrupt_image() can then flag the image).
@@ -118,7 +120,9 @@ const char *extree_open_warning(const Extree *t);
  * superblock again, one generation later, with INCOMPAT_CORRUPT set.
  * Reads only the two superblock slots, so it works when extree_open()
  * fails on damaged trees.  0 if the bit was already set; -ENOTSUP for
- * unknown incompatible features.  Flushes.
+ * unknown incompatible features; -EEXIST (nothing written) if that would
+ * overwrite a slot with a valid checksum, bad fields and a higher
+ * generation (extree_open_warning()).  Flushes.
  */
 int extree_mark_corrupt_image(ExtreeBackend *be);
 
@@ -297,24 +301,35 @@ typedef struct ExtreeCheckResult {
 
 typedef void ExtreeReportFn(void *opaque, const char *msg);
 
+/* What extree_check_fix() may repair (qemu-img check -r leaks / -r all) */
+#define EXTREE_FIX_LEAKS        1u
+#define EXTREE_FIX_ERRORS       2u
+
 /*
  * Commit pending changes (when writable), then read every node of both
  * trees from the backend (not the cache) and verify it, and verify that
  * every block of [data_start, host_end) has exactly one owner, and the
  * superblock's extent_count and free_bytes.  One @report line per problem,
  * "corrupt <structure> at offset 0x..: <reason>" for corruption.
- * With @repair_leaks on a writable handle:
- *   - no corruption: leaked ranges are added to the free tree, committed;
- *   - corruption of the free-space tree only (its nodes, its accounting,
- *     free space claimed by a node or an extent, or a free tree that could
- *     not be loaded at open): the free-space tree is rebuilt from the
- *     extent tree - every block that is neither an extent-tree node nor
- *     DATA becomes free - and committed (repaired_corruptions, and the
- *     leaks count as repaired);
+ * Repairs, on a writable handle only:
+ *   - EXTREE_FIX_LEAKS, no corruption found: leaked ranges are added to the
+ *     free tree and committed (repaired_leaks);
+ *   - EXTREE_FIX_ERRORS, corruption of the free-space tree only (its nodes,
+ *     its accounting, free space also claimed by a node or an extent, or a
+ *     free tree that could not be loaded at open): the free-space tree is
+ *     rebuilt from the extent tree - every block that is neither an
+ *     extent-tree node nor DATA becomes free - and committed
+ *     (repaired_corruptions; leaks are repaired with it);
  *   - corruption of the extent tree: nothing is repaired.
- * O(nodes + items) time and O(items) memory.
+ * A check that leaves no corruption unrepaired allows
+ * extree_clear_corrupt().  O(nodes + items) time and O(items) memory.
  * Returns 0 when the check ran (even if it found problems).
  */
+int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
+                     ExtreeReportFn *report, void *opaque);
+
+/* extree_check_fix() with EXTREE_FIX_LEAKS if @repair_leaks, plus
+ * EXTREE_FIX_ERRORS if @repair_leaks and @t was opened with repair */
 int extree_check(Extree *t, bool repair_leaks, ExtreeCheckResult *res,
                  ExtreeReportFn *report, void *opaque);
 

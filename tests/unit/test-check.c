@@ -251,6 +251,320 @@ static void test_leak_repair(void)
     extree_mem_backend_free(be);
 }
 
+/* Every run of the image, for comparison before and after a repair */
+static GArray *snapshot(Extree *t)
+{
+    GArray *runs = g_array_new(false, false, sizeof(ExtreeRun));
+    ExtreeCursor c;
+    uint64_t g = 0;
+
+    extree_cursor_init(&c, t);
+    while (g < extree_virtual_size(t)) {
+        ExtreeRun run;
+        g_assert_cmpint(extree_cursor_query(&c, g, extree_virtual_size(t) - g,
+                                            EXTREE_COALESCE_HOST, &run), ==, 0);
+        g_array_append_val(runs, run);
+        g += run.length;
+    }
+    extree_cursor_release(&c);
+    return runs;
+}
+
+static void assert_same_runs(GArray *a, GArray *b)
+{
+    g_assert_cmpuint(a->len, ==, b->len);
+    for (guint i = 0; i < a->len; i++) {
+        ExtreeRun *x = &g_array_index(a, ExtreeRun, i);
+        ExtreeRun *y = &g_array_index(b, ExtreeRun, i);
+        g_assert_cmpuint(x->guest, ==, y->guest);
+        g_assert_cmpuint(x->length, ==, y->length);
+        g_assert_cmpint(x->type, ==, y->type);
+        if (x->type == EXTREE_RUN_DATA) {
+            g_assert_cmphex(x->host, ==, y->host);
+        }
+    }
+}
+
+static Extree *open_repair(ExtreeBackend *be)
+{
+    ExtreeOpenOptions o = { .repair = true };
+    Extree *t = NULL;
+    char *err = NULL;
+
+    if (extree_open(be, &o, &t, &err) < 0) {
+        g_error("repair open failed: %s", err);
+    }
+    return t;
+}
+
+/*
+ * D1 + D2: a free-space tree node with a bad checksum.  Reading and
+ * checking work read-only; a writer cannot open it, but can mark it
+ * corrupt without a handle; the repair open plus the checker rebuild the
+ * free tree from the extent tree, and the corrupt bit can then be cleared.
+ */
+static void test_free_tree_damage_repair(void)
+{
+    ExtreeOpenOptions ro = { .read_only = true }, rw = { 0 };
+    ExtreeBackend *be = ct_create(1 << 30, 512, NS);
+    ExtreeDiskSuper sb;
+    ExtreeCheckResult res;
+    GArray *before, *after;
+    uint64_t froot, host, got;
+    uint8_t *buf;
+    CtReport r;
+    Extree *t;
+    char *err = NULL, *want;
+
+    /* enough scattered free space for a free tree of several leaves */
+    t = ct_open(be);
+    for (int i = 0; i < 3000; i++) {
+        ct_write(t, (uint64_t)i * 2 * 512, 512);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    for (int i = 0; i < 3000; i += 2) {
+        g_assert_cmpint(extree_punch(t, (uint64_t)i * 2 * 512, 512), ==, 0);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    before = snapshot(t);
+    extree_close(t);
+    ct_read_super(be, &sb);
+    g_assert_cmpuint(sb.free_root.level, >, 0);
+
+    /* damage the free tree's root */
+    froot = GUINT64_FROM_LE(sb.free_root.bytenr);
+    buf = ct_node_read(be, froot, NS);
+    buf[200] ^= 0x40;
+    ct_node_write(be, froot, buf, NS, false);
+    g_free(buf);
+
+    /* read-only: opens, reads, reports the superblock's free space */
+    g_assert_cmpint(extree_open(be, &ro, &t, &err), ==, 0);
+    g_assert_cmpuint(extree_free_bytes(t), ==,
+                     GUINT64_FROM_LE(sb.free_bytes));
+    after = snapshot(t);
+    assert_same_runs(before, after);
+    g_array_free(after, true);
+    r.msgs = g_ptr_array_new_with_free_func(g_free);
+    g_assert_cmpint(extree_check(t, true, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, >=, 1);
+    g_assert_cmpuint(res.repaired_corruptions, ==, 0);
+    want = g_strdup_printf("corrupt free tree node at offset 0x%" PRIx64
+                           ": bad checksum", froot);
+    g_assert_true(ct_has_msg(&r, want));
+    g_free(want);
+    g_ptr_array_free(r.msgs, true);
+    extree_close(t);
+
+    /* read-write: refused, with the structure and offset */
+    g_assert_cmpint(extree_open(be, &rw, &t, &err), ==, -EIO);
+    g_assert_nonnull(strstr(err, "corrupt free tree node at offset"));
+    g_clear_pointer(&err, g_free);
+
+    /* marked corrupt without a handle: one new generation, once */
+    g_assert_cmpint(extree_mark_corrupt_image(be), ==, 0);
+    g_assert_cmpint(extree_mark_corrupt_image(be), ==, 0);
+    {
+        ExtreeDiskSuper nsb;
+        ct_read_super(be, &nsb);
+        g_assert_cmpuint(GUINT64_FROM_LE(nsb.generation), ==,
+                         GUINT64_FROM_LE(sb.generation) + 1);
+        g_assert_cmphex(GUINT64_FROM_LE(nsb.incompat_features), ==,
+                        EXTREE_INCOMPAT_CORRUPT);
+    }
+    g_assert_cmpint(extree_open(be, &rw, &t, &err), ==, -EACCES);
+    g_clear_pointer(&err, g_free);
+
+    /* repair open: no updates until repaired, no clearing before a check */
+    t = open_repair(be);
+    g_assert_cmpint(extree_punch(t, 0, 512), ==, -EIO);
+    g_assert_cmpint(extree_alloc_data(t, 0, 512, &host, &got), ==, -EIO);
+    g_assert_cmpint(extree_clear_corrupt(t), ==, -EINVAL);
+    r.msgs = g_ptr_array_new_with_free_func(g_free);
+    g_assert_cmpint(extree_check(t, true, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, >=, 1);
+    g_assert_cmpuint(res.repaired_corruptions, ==, res.corruptions);
+    g_assert_true(ct_has_msg(&r, "free-space tree rebuilt"));
+    g_ptr_array_free(r.msgs, true);
+    /* still corrupt-flagged until cleared */
+    g_assert_cmpint(extree_punch(t, 0, 512), ==, -EIO);
+    g_assert_cmpint(extree_clear_corrupt(t), ==, 0);
+    g_assert_cmphex(extree_incompat_features(t), ==, 0);
+    g_assert_cmpint(extree_clear_corrupt(t), ==, 0);
+    extree_close(t);
+
+    /* an ordinary image again: same mapping, clean, writable */
+    t = ct_open(be);
+    g_assert_cmphex(extree_incompat_features(t), ==, 0);
+    after = snapshot(t);
+    assert_same_runs(before, after);
+    g_array_free(after, true);
+    ct_check_clean(t, &res);
+    g_assert_cmpuint(res.free_bytes, ==, extree_free_bytes(t));
+    for (int i = 0; i < 3000; i += 2) {
+        ct_write(t, (uint64_t)i * 2 * 512, 512);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    g_array_free(before, true);
+    extree_mem_backend_free(be);
+}
+
+/* A free tree that loads but lists space an extent uses: the checker of a
+ * writable handle rebuilds it (the "-r all" case without a corrupt bit) */
+static void test_free_tree_overlap_rebuild(void)
+{
+    uint64_t leaf, free_at;
+    ExtreeBackend *be = make_image(&leaf);
+    ExtreeDiskSuper sb;
+    ExtreeCheckResult res;
+    GArray *before, *after;
+    CtReport r;
+    uint8_t *buf;
+    Extree *t;
+
+    /* the free tree claims the host range of the extent at guest 8 */
+    t = ct_open(be);
+    before = snapshot(t);
+    extree_close(t);
+    buf = ct_node_read(be, leaf, NS);
+    g_assert_cmpuint(GUINT64_FROM_LE(ct_item(buf, 2)->key), ==, 8 * BS);
+    free_at = GUINT64_FROM_LE(ct_item(buf, 2)->host_offset);
+    g_free(buf);
+    ct_read_super(be, &sb);
+    buf = ct_node_read(be, GUINT64_FROM_LE(sb.free_root.bytenr), NS);
+    {
+        ExtreeDiskNodeHeader *h = (ExtreeDiskNodeHeader *)buf;
+        uint32_t nr = GUINT32_FROM_LE(h->nritems);
+        ExtreeDiskItem it = {
+            .key = GUINT64_TO_LE(free_at), .length = GUINT64_TO_LE(BS),
+            .host_offset = GUINT64_TO_LE(free_at),
+            .type = GUINT32_TO_LE(EXTREE_ITEM_FREE),
+        };
+        int slot = 0;
+        while (slot < (int)nr &&
+               GUINT64_FROM_LE(ct_item(buf, slot)->key) < free_at) {
+            slot++;
+        }
+        memmove(ct_item(buf, slot + 1), ct_item(buf, slot),
+                (nr - slot) * sizeof(ExtreeDiskItem));
+        *ct_item(buf, slot) = it;
+        h->nritems = GUINT32_TO_LE(nr + 1);
+    }
+    ct_node_write(be, GUINT64_FROM_LE(sb.free_root.bytenr), buf, NS, true);
+    g_free(buf);
+    sb.free_bytes = GUINT64_TO_LE(GUINT64_FROM_LE(sb.free_bytes) + BS);
+    ct_write_super(be, 0, &sb);
+    ct_write_super(be, 1, &sb);
+
+    t = ct_open(be);
+    /* leaks only: the corruption stays */
+    r.msgs = g_ptr_array_new_with_free_func(g_free);
+    g_assert_cmpint(extree_check_fix(t, EXTREE_FIX_LEAKS, &res, ct_report,
+                                     &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, ==, 1);
+    g_assert_cmpuint(res.repaired_corruptions, ==, 0);
+    g_ptr_array_free(r.msgs, true);
+    g_assert_cmpint(extree_clear_corrupt(t), ==, 0);    /* not flagged */
+    r.msgs = g_ptr_array_new_with_free_func(g_free);
+    g_assert_cmpint(extree_check_fix(t, EXTREE_FIX_LEAKS | EXTREE_FIX_ERRORS,
+                                     &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, ==, 1);
+    g_assert_true(ct_has_msg(&r, "overlaps extent at guest offset 0x8000"));
+    g_assert_cmpuint(res.repaired_corruptions, ==, 1);
+    g_ptr_array_free(r.msgs, true);
+    ct_check_clean(t, NULL);
+    after = snapshot(t);
+    assert_same_runs(before, after);
+    g_array_free(after, true);
+    extree_close(t);
+    t = ct_open(be);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    g_array_free(before, true);
+    extree_mem_backend_free(be);
+}
+
+/* Corruption in the extent tree: the repair open checks but repairs
+ * nothing, and the corrupt bit stays */
+static void test_extent_damage_not_repaired(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    ExtreeCheckResult res;
+    ExtreeDiskSuper sb;
+    uint64_t leaf;
+    uint8_t *buf;
+    CtReport r;
+    Extree *t = ct_open(be);
+
+    for (int i = 0; i < 300; i++) {
+        ct_write(t, 2 * i * BS, BS);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    ct_read_super(be, &sb);
+    buf = ct_node_read(be, GUINT64_FROM_LE(sb.extent_root.bytenr), NS);
+    leaf = GUINT64_FROM_LE(((ExtreeDiskKeyPtr *)(buf + 64))[1].child);
+    g_free(buf);
+    buf = ct_node_read(be, leaf, NS);
+    buf[100] ^= 1;
+    ct_node_write(be, leaf, buf, NS, false);
+    g_free(buf);
+    g_assert_cmpint(extree_mark_corrupt_image(be), ==, 0);
+
+    t = open_repair(be);
+    r.msgs = g_ptr_array_new_with_free_func(g_free);
+    g_assert_cmpint(extree_check(t, true, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, >=, 1);
+    g_assert_cmpuint(res.repaired_corruptions, ==, 0);
+    g_assert_cmpuint(res.leaks, >=, 1);
+    g_assert_cmpuint(res.repaired_leaks, ==, 0);
+    g_assert_true(ct_has_msg(&r, "leaks not repaired: the image has "
+                                 "corruptions"));
+    g_ptr_array_free(r.msgs, true);
+    g_assert_cmpint(extree_clear_corrupt(t), ==, -EINVAL);
+    extree_close(t);
+    ct_read_super(be, &sb);
+    g_assert_cmphex(GUINT64_FROM_LE(sb.incompat_features), ==,
+                    EXTREE_INCOMPAT_CORRUPT);
+    extree_mem_backend_free(be);
+}
+
+/* Marked corrupt, but only leaks: the repair open repairs them, the bit
+ * can be cleared, and the image is writable again */
+static void test_corrupt_bit_cleared_after_leak_repair(void)
+{
+    uint64_t leaf, host, got;
+    ExtreeBackend *be = make_image(&leaf);
+    ExtreeCheckResult res;
+    Extree *t = ct_open(be);
+    CtReport r;
+
+    g_assert_cmpint(extree_alloc_data(t, 500 * BS, 3 * BS, &host, &got), ==,
+                    0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpint(extree_mark_corrupt(t), ==, 0);
+    extree_close(t);
+
+    t = open_repair(be);
+    r.msgs = g_ptr_array_new_with_free_func(g_free);
+    g_assert_cmpint(extree_check(t, true, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, ==, 0);
+    g_assert_cmpuint(res.leaks, ==, 1);
+    g_assert_cmpuint(res.repaired_leaks, ==, 1);
+    g_ptr_array_free(r.msgs, true);
+    g_assert_cmpint(extree_clear_corrupt(t), ==, 0);
+    extree_close(t);
+
+    t = ct_open(be);
+    ct_check_clean(t, NULL);
+    ct_write(t, 600 * BS, 2 * BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -261,5 +575,13 @@ int main(int argc, char **argv)
                     test_extent_over_free_space);
     g_test_add_func("/check/double-use", test_double_use);
     g_test_add_func("/check/leak-repair", test_leak_repair);
+    g_test_add_func("/check/free-tree-damage-repair",
+                    test_free_tree_damage_repair);
+    g_test_add_func("/check/free-tree-overlap-rebuild",
+                    test_free_tree_overlap_rebuild);
+    g_test_add_func("/check/extent-damage-not-repaired",
+                    test_extent_damage_not_repaired);
+    g_test_add_func("/check/corrupt-bit-cleared-after-leak-repair",
+                    test_corrupt_bit_cleared_after_leak_repair);
     return g_test_run();
 }
