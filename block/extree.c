@@ -1795,7 +1795,8 @@ extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
                 BdrvCheckMode fix)
 {
     BDRVExtreeState *s = bs->opaque;
-    bool repair = fix & (BDRV_FIX_LEAKS | BDRV_FIX_ERRORS);
+    unsigned core_fix = (fix & BDRV_FIX_LEAKS ? EXTREE_FIX_LEAKS : 0) |
+                        (fix & BDRV_FIX_ERRORS ? EXTREE_FIX_ERRORS : 0);
     ExtreeCheckResult r;
     uint64_t leaked_blocks;
     int ret;
@@ -1807,17 +1808,7 @@ extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
         result->check_errors++;
         goto out;
     }
-    if (repair && !(fix & BDRV_FIX_ERRORS)) {
-        /*
-         * The core repairs a damaged free tree along with leaks: not for
-         * -r leaks, so look first
-         */
-        ret = extree_check(s->t, false, &r, NULL, NULL);
-        if (ret == 0 && r.corruptions) {
-            repair = false;
-        }
-    }
-    ret = extree_check(s->t, repair, &r, extree_check_report, NULL);
+    ret = extree_check_fix(s->t, core_fix, &r, extree_check_report, NULL);
     if (ret < 0) {
         fprintf(stderr, "extree: check failed: %s\n", strerror(-ret));
         result->check_errors++;
@@ -1831,7 +1822,7 @@ extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
     } else {
         result->leaks = leaked_blocks;
     }
-    if (repair && !result->corruptions &&
+    if (core_fix && !result->corruptions &&
         (extree_incompat_features(s->t) & EXTREE_INCOMPAT_CORRUPT)) {
         ret = extree_clear_corrupt(s->t);
         if (ret < 0) {
