@@ -49,14 +49,17 @@
 #define EXTREE_MAX_LEVELS       8
 
 /* Largest virtual size: 2^63 - 1 rounded down to the largest block */
-#define EXTREE_MAX_VIRTUAL_SIZE (INT64_MAX & ~(uint64_t)(EXTREE_MAX_BLOCK_SIZE - 1))
+#define EXTREE_MAX_VIRTUAL_SIZE \
+    (INT64_MAX & ~(uint64_t)(EXTREE_MAX_BLOCK_SIZE - 1))
 
 #define EXTREE_BACKING_FILE_MAX 1023
 #define EXTREE_BACKING_FMT_MAX  31
 
-/* Incompatible features: an implementation must refuse read-write access
- * to an image with a bit it does not know, and may open it read-only only
- * if the bit is EXTREE_INCOMPAT_CORRUPT. */
+/*
+ * Incompatible features: an implementation must refuse to open an image
+ * with a bit it does not know.  EXTREE_INCOMPAT_CORRUPT (metadata found
+ * damaged) allows read-only access only.
+ */
 #define EXTREE_INCOMPAT_CORRUPT_BITNR   0
 #define EXTREE_INCOMPAT_CORRUPT         (1ULL << EXTREE_INCOMPAT_CORRUPT_BITNR)
 #define EXTREE_INCOMPAT_MASK            EXTREE_INCOMPAT_CORRUPT
@@ -81,7 +84,7 @@ typedef struct __attribute__((packed)) ExtreeDiskSuper {
     uint64_t magic;             /*    0: EXTREE_MAGIC */
     uint32_t version;           /*    8: EXTREE_VERSION */
     uint32_t sb_size;           /*   12: EXTREE_SB_SIZE */
-    uint32_t csum;              /*   16: crc32c of the 4096 bytes, this field 0 */
+    uint32_t csum;              /*   16: crc32c of the slot, this field 0 */
     uint32_t reserved0;         /*   20 */
     uint64_t generation;        /*   24: transaction that wrote this slot */
     uint64_t incompat_features; /*   32 */
@@ -132,8 +135,10 @@ typedef struct __attribute__((packed)) ExtreeDiskKeyPtr {
 #define EXTREE_ITEM_ZERO        2   /* guest range reads as zeroes */
 #define EXTREE_ITEM_FREE        3   /* free-space tree: free host range */
 
-/* Leaf item.  Extent tree: key = guest offset.  Free-space tree: key =
- * host_offset = start of a free host range. */
+/*
+ * Leaf item.  Extent tree: key = guest offset.  Free-space tree: key =
+ * host_offset = start of a free host range.
+ */
 typedef struct __attribute__((packed)) ExtreeDiskItem {
     uint64_t key;
     uint64_t length;
