@@ -51,6 +51,10 @@
 #define EXT_SCARCE_DIV          4
 /* Commit cuts free space at the end of the file from this size on */
 #define EXT_SHRINK_MIN          (1024 * 1024)
+/* Freed node space is discarded in runs of at least this size (and one
+ * node): single nodes are recycled within a commit or two, and a discard
+ * would only leave a hole for the host to fill again */
+#define EXT_DISCARD_NODES_MIN   (256 * 1024)
 
 /* ---- range sets ---- */
 
@@ -317,6 +321,9 @@ static void rs_clear(ExtreeRangeSet *s)
 void extree_alloc_init(Extree *t)
 {
     t->oplog = g_array_new(false, false, sizeof(ExtreeAllocOp));
+    t->freed_data = g_array_new(false, false, sizeof(ExtreeAllocOp));
+    t->freed_nodes = g_array_new(false, false, sizeof(ExtreeAllocOp));
+    t->discard_later = g_array_new(false, false, sizeof(ExtreeAllocOp));
 }
 
 void extree_alloc_destroy(Extree *t)
@@ -325,6 +332,9 @@ void extree_alloc_destroy(Extree *t)
     rs_clear(&t->pending);
     if (t->oplog) {
         g_array_free(t->oplog, true);
+        g_array_free(t->freed_data, true);
+        g_array_free(t->freed_nodes, true);
+        g_array_free(t->discard_later, true);
         t->oplog = NULL;
     }
 }
@@ -458,26 +468,52 @@ bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len)
            (start < t->resv_end && t->resv_start < start + len);
 }
 
-/*
- * Free [start, start + len): pending until the next commit is durable.
- * Freeing space that is already free means two owners claimed it: a
- * corrupt image (or a caller bug) - refuse instead of double-counting.
- */
-int extree_free_space(Extree *t, uint64_t start, uint64_t len)
+/* Remember a freed range for discard; adjacent frees merge */
+static void note_freed(GArray *list, uint64_t start, uint64_t len)
+{
+    if (list->len) {
+        ExtreeAllocOp *last = &g_array_index(list, ExtreeAllocOp,
+                                             list->len - 1);
+        if (last->start + last->len == start) {
+            last->len += len;
+            return;
+        }
+    }
+    g_array_append_val(list, ((ExtreeAllocOp){ start, len, true }));
+}
+
+static int free_range(Extree *t, uint64_t start, uint64_t len, bool node)
 {
     if (!len) {
         return 0;
     }
     if (start < t->data_start || start >= t->host_end ||
         len > t->host_end - start || extree_alloc_is_free(t, start, len)) {
-        return extree_corrupt(t, start, "corrupt extent tree: host range at "
+        return extree_corrupt(t, start, "corrupt %s: host range at "
                               "offset 0x%" PRIx64 " length 0x%" PRIx64
                               " freed twice or outside the data area",
-                              start, len);
+                              node ? "tree" : "extent tree", start, len);
     }
     rs_add(&t->pending, start, len);
     log_op(t, start, len, true);
+    note_freed(node ? t->freed_nodes : t->freed_data, start, len);
     return 0;
+}
+
+/*
+ * Free [start, start + len) of DATA: pending until the next commit is
+ * durable.  Freeing space that is already free means two owners claimed
+ * it: a corrupt image (or a caller bug) - refuse instead of double-counting.
+ */
+int extree_free_space(Extree *t, uint64_t start, uint64_t len)
+{
+    return free_range(t, start, len, false);
+}
+
+/* The location of a node that left its tree */
+int extree_free_node(Extree *t, uint64_t bytenr)
+{
+    return free_range(t, bytenr, t->node_size, true);
 }
 
 /* Leak repair and free-tree rebuild: space owned by nobody becomes free in
@@ -490,6 +526,7 @@ int extree_alloc_add_free(Extree *t, uint64_t start, uint64_t len)
     }
     rs_add(&t->pending, start, len);
     log_op(t, start, len, true);
+    note_freed(t->freed_data, start, len);
     return 0;
 }
 
@@ -768,21 +805,68 @@ int extree_alloc_sync(Extree *t)
                           "after 32 rounds");
 }
 
+/* Sort and merge a list of ranges in place */
+static void merge_ranges(GArray *list)
+{
+    guint n = 0;
+
+    g_array_sort(list, op_cmp);
+    for (guint i = 0; i < list->len; i++) {
+        ExtreeAllocOp *op = &g_array_index(list, ExtreeAllocOp, i);
+        ExtreeAllocOp *last = n ? &g_array_index(list, ExtreeAllocOp, n - 1)
+                                : NULL;
+        if (last && op->start <= last->start + last->len) {
+            last->len = MAX(last->len, op->start + op->len - last->start);
+        } else {
+            g_array_index(list, ExtreeAllocOp, n++) = *op;
+        }
+    }
+    g_array_set_size(list, n);
+}
+
 /*
  * Commit step 7: the superblock is durable, pending frees are reusable.
- * The ranges that became free are appended to @freed (ExtreeAllocOp), for
- * the caller to discard.  O(pending ranges * log n).
+ * Appends to @discard (ExtreeAllocOp) what the caller should discard now:
+ * the space this commit freed, except node space, and the node space the
+ * previous commit freed that is still allocatable, in runs of at least
+ * EXT_DISCARD_NODES_MIN.  Node space this commit freed waits for the next
+ * commit.  O(pending ranges * log n).
  */
-void extree_alloc_commit_done(Extree *t, GArray *freed)
+void extree_alloc_commit_done(Extree *t, GArray *discard)
 {
-    guint first = freed->len;
+    GArray *ranges = g_array_new(false, false, sizeof(ExtreeAllocOp));
 
-    rn_collect(t->pending.root, freed);
+    rn_collect(t->pending.root, ranges);
     rs_clear(&t->pending);
-    for (guint i = first; i < freed->len; i++) {
-        ExtreeAllocOp *op = &g_array_index(freed, ExtreeAllocOp, i);
+    for (guint i = 0; i < ranges->len; i++) {
+        ExtreeAllocOp *op = &g_array_index(ranges, ExtreeAllocOp, i);
         rs_add(&t->avail, op->start, op->len);
     }
+    g_array_free(ranges, true);
+
+    merge_ranges(t->freed_data);
+    g_array_append_vals(discard, t->freed_data->data, t->freed_data->len);
+    g_array_set_size(t->freed_data, 0);
+
+    for (guint i = 0; i < t->discard_later->len; i++) {
+        ExtreeAllocOp *op = &g_array_index(t->discard_later, ExtreeAllocOp, i);
+        uint64_t end = op->start + op->len;
+        ExtreeRange *r = rs_from(&t->avail, op->start);
+
+        for (; r && r->start < end; r = rs_after(&t->avail, r->start)) {
+            uint64_t s = MAX(r->start, op->start);
+            uint64_t e = MIN(r->start + r->len, end);
+            if (e - s >= MAX(t->node_size, EXT_DISCARD_NODES_MIN)) {
+                g_array_append_val(discard, ((ExtreeAllocOp){ s, e - s,
+                                                              true }));
+            }
+        }
+    }
+    g_array_set_size(t->discard_later, 0);
+    merge_ranges(t->freed_nodes);
+    g_array_append_vals(t->discard_later, t->freed_nodes->data,
+                        t->freed_nodes->len);
+    g_array_set_size(t->freed_nodes, 0);
 }
 
 /*
@@ -844,6 +928,9 @@ int extree_alloc_rebuild(Extree *t, GArray *used)
     rs_clear(&t->pending);
     t->resv_start = t->resv_end = 0;
     g_array_set_size(t->oplog, 0);
+    g_array_set_size(t->freed_data, 0);
+    g_array_set_size(t->freed_nodes, 0);
+    g_array_set_size(t->discard_later, 0);
     for (guint i = 0; i <= used->len; i++) {
         const ExtreeAllocOp *u = i < used->len ?
             &g_array_index(used, ExtreeAllocOp, i) : NULL;
@@ -851,6 +938,7 @@ int extree_alloc_rebuild(Extree *t, GArray *used)
         if (s > pos) {
             rs_add(&t->pending, pos, s - pos);
             log_op(t, pos, s - pos, true);
+            note_freed(t->freed_data, pos, s - pos);
         }
         if (u) {
             pos = MAX(pos, u->start + u->len);

@@ -139,7 +139,7 @@ static int cow_node(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
         ext_st64(ip + 8, bytenr);
         ext_st64(ip + 16, t->trans_gen);
     }
-    ret = extree_free_space(t, n->bytenr, t->node_size);
+    ret = extree_free_node(t, n->bytenr);
     extree_node_drop(t, n);
     extree_node_unref(t, n);
     p->nodes[level] = c;
@@ -512,7 +512,7 @@ static int insert_at(Extree *t, ExtreeTree *tree, ExtreePath *p, int level,
 /* Unlink a node from the tree: its location is freed */
 static int free_node(Extree *t, ExtreeNode *n)
 {
-    int ret = extree_free_space(t, n->bytenr, t->node_size);
+    int ret = extree_free_node(t, n->bytenr);
     extree_node_drop(t, n);
     return ret;
 }

@@ -268,6 +268,11 @@ struct Extree {
     uint64_t resv_start, resv_end;  /* metadata reserve, free */
     GArray *oplog;              /* ExtreeAllocOp since the last free-tree
                                  * sync */
+    /* What to discard after commit (ExtreeAllocOp): DATA and other space
+     * freed in this transaction, at once; node space freed in it, after
+     * the next commit if still unused then (metadata churn is mostly
+     * reused right away, a discard would only cost a hole to refill) */
+    GArray *freed_data, *freed_nodes, *discard_later;
     bool trimmed;               /* host_end lowered in this transaction:
                                  * truncate after commit */
     uint64_t check_clean_gen;   /* generation checked without unrepaired
@@ -305,6 +310,7 @@ void extree_alloc_init(Extree *t);
 void extree_alloc_destroy(Extree *t);
 int extree_alloc_meta(Extree *t, uint64_t *out);
 int extree_free_space(Extree *t, uint64_t start, uint64_t len);
+int extree_free_node(Extree *t, uint64_t bytenr);
 int extree_alloc_add_free(Extree *t, uint64_t start, uint64_t len);
 bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len);
 uint64_t extree_alloc_free_bytes(const Extree *t);

@@ -135,13 +135,18 @@ void extree_close(Extree *t);
  * No-op if nothing is dirty.  O(dirty nodes + allocations since commit).
  *
  * Then give space back to the host file (best effort, errors ignored):
- * ops->discard every host range the commit freed (overwritten, zeroed or
- * punched DATA, copied-on-write and merged nodes, repaired leaks), and
- * when commit lowered host_end, ops->truncate the file to it.  Commit
- * lowers host_end when the space at the end of the file is free in the
- * last durable state as well and at least 1 MiB long; space freed by the
- * transaction itself is cut by the next commit.  The caller must not
- * access freed host space after a commit (the QEMU driver's commit gate).
+ *   - ops->discard the DATA the commit freed (overwritten, zeroed, punched,
+ *     returned by extree_free_data) and leaks the checker repaired;
+ *   - ops->discard node space (copied-on-write, merged nodes) the previous
+ *     commit freed and nothing has reused since, in runs of 256 KiB or
+ *     more: metadata churn is mostly recycled within a commit or two, and
+ *     a discard would only leave a hole for the host to fill again;
+ *   - when commit lowered host_end, ops->truncate the file to it.  Commit
+ *     lowers host_end when the space at the end of the file is free in the
+ *     last durable state as well and at least 1 MiB long; space freed by
+ *     the transaction itself is cut by the next commit.
+ * The caller must not access freed host space after a commit (the QEMU
+ * driver's commit gate).
  */
 int extree_commit(Extree *t);
 bool extree_is_dirty(const Extree *t);
