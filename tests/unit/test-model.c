@@ -40,7 +40,6 @@ typedef struct Variant {
     uint32_t short_len;         /* blocks per operation, usual case */
     unsigned commit_one_in;     /* explicit commit probability 1/n */
     unsigned reopen_one_in;
-    bool drop_uncommitted;      /* half the reopens skip the commit */
     unsigned walk_every;
 } Variant;
 
@@ -509,8 +508,8 @@ static void one_op(Run *r)
     bool seq;
 
     if (model_rand_below(&r->rng, r->v->reopen_one_in) == 0) {
-        bool commit = !r->v->drop_uncommitted ||
-                      model_rand_below(&r->rng, 2) == 0;
+        /* Half the reopens drop the uncommitted changes */
+        bool commit = model_rand_below(&r->rng, 2) == 0;
         trace(r, "reopen%s", commit ? " after commit" : " dropping changes");
         do_reopen(r, commit);
         return;
@@ -674,7 +673,6 @@ static const Variant variants[] = {
         .block_size = 4096, .node_size = 16384,
         .ops = 450000, .max_len = 256, .short_len = 8,
         .commit_one_in = 400, .reopen_one_in = 4000,
-        .drop_uncommitted = true,
         .walk_every = 2000,
     },
     {
@@ -686,7 +684,6 @@ static const Variant variants[] = {
         .cache_size = 256 << 10,
         .ops = 350000, .max_len = 64, .short_len = 2,
         .commit_one_in = 1000, .reopen_one_in = 10000,
-        .drop_uncommitted = true,
         .walk_every = 5000,
     },
     {
@@ -699,7 +696,6 @@ static const Variant variants[] = {
         .dirty_limit = 64 << 10,
         .ops = 200000, .max_len = 128, .short_len = 2,
         .commit_one_in = 2000, .reopen_one_in = 1000,
-        .drop_uncommitted = true,
         .walk_every = 1000,
     },
 };
