@@ -1,8 +1,13 @@
 /*
  * extree core: host space allocator
  *
- * In memory, free host space is kept in three disjoint parts:
+ * In memory, free host space is kept in four disjoint parts:
  *   avail    allocatable now;
+ *   nfree    allocatable now, freed node space: nodes look here first and
+ *            data last, so that metadata recycles its own space (a hot,
+ *            already allocated region of the host file, and consecutive
+ *            nodes for few, large writes) instead of scattering data into
+ *            node holes and moving the nodes to new space every commit;
  *   pending  freed in the running transaction.  Not reusable until the
  *            superblock of that transaction is durable: until then the
  *            previous superblock, which may still reference it, is the one
@@ -12,11 +17,12 @@
  *            front to back, so that the nodes of a commit are mostly
  *            consecutive (few large writes) and do not land in the middle
  *            of data that grows at the end of the file.
- * All three are free in the state the next commit writes.  Every change is
+ * All four are free in the state the next commit writes.  Every change is
  * also logged as a host range; commit rewrites the logged ranges of the
- * free-space tree from the three sets (extree_alloc_sync).
+ * free-space tree from the four sets (extree_alloc_sync).
  *
- * avail and pending are range sets: treaps keyed by start whose nodes also
+ * avail, nfree and pending are range sets: treaps keyed by start whose
+ * nodes also
  * know the longest range of their subtree, so that "the lowest range of at
  * least n bytes" (first fit) and "the longest range" cost O(log n), however
  * fragmented the free space is.
@@ -24,16 +30,17 @@
  * Placement:
  *   data      right after the guest neighbour's extent (or right before
  *             the following one), so that sequential guest writes grow one
- *             extent; else the lowest free range that fits (first fit keeps
- *             the file compact and the free space at its end, where commit
- *             can cut it off); else, if free space is plentiful but
- *             fragmented, the longest free range (a partial allocation:
- *             the caller loops); the file grows only when free space is
- *             scarce, which bounds host_end to about 4/3 of the space in
- *             use plus one transaction's frees;
- *   metadata  the reserve; else a new reserve from the lowest free range
- *             of EXT_RESERVE_MIN nodes or more; else any free node-sized
- *             range; else a new reserve at the end of the file.
+ *             extent; else the lowest range of avail that fits (first fit
+ *             keeps the file compact and the free space at its end, where
+ *             commit can cut it off); else, if free space is plentiful, the
+ *             lowest range of nfree that fits, else the longest free range
+ *             (a partial allocation: the caller loops); the file grows only
+ *             when free space is scarce, which bounds host_end to about 4/3
+ *             of the space in use plus one transaction's frees;
+ *   metadata  the lowest node-sized range of nfree; else the reserve; else
+ *             a new reserve from the lowest free range of EXT_RESERVE_MIN
+ *             nodes or more; else any free node-sized range; else a new
+ *             reserve at the end of the file.
  *
  * Copyright (c) 2026 The extree authors
  *
@@ -168,18 +175,6 @@ static void rn_free_all(ExtreeRange *n)
         rn_free_all(n->left);
         rn_free_all(n->right);
         g_free(n);
-    }
-}
-
-static void rn_collect(const ExtreeRange *n, GArray *out)
-{
-    if (n) {
-        ExtreeAllocOp op = { 0, 0, true };
-        rn_collect(n->left, out);
-        op.start = n->start;
-        op.len = n->len;
-        g_array_append_val(out, op);
-        rn_collect(n->right, out);
     }
 }
 
@@ -329,6 +324,7 @@ void extree_alloc_init(Extree *t)
 void extree_alloc_destroy(Extree *t)
 {
     rs_clear(&t->avail);
+    rs_clear(&t->nfree);
     rs_clear(&t->pending);
     if (t->oplog) {
         g_array_free(t->oplog, true);
@@ -346,7 +342,8 @@ static uint64_t resv_bytes(const Extree *t)
 
 uint64_t extree_alloc_free_bytes(const Extree *t)
 {
-    return t->avail.bytes + t->pending.bytes + resv_bytes(t);
+    return t->avail.bytes + t->nfree.bytes + t->pending.bytes +
+           resv_bytes(t);
 }
 
 static void log_op(Extree *t, uint64_t start, uint64_t len, bool is_free)
@@ -362,10 +359,11 @@ static void log_op(Extree *t, uint64_t start, uint64_t len, bool is_free)
     g_array_append_val(t->oplog, ((ExtreeAllocOp){ start, len, is_free }));
 }
 
-/* Take [start, start + len) out of avail */
-static void take(Extree *t, uint64_t start, uint64_t len)
+/* Take [start, start + len) out of @set (avail or nfree) */
+static void take(Extree *t, ExtreeRangeSet *set, uint64_t start,
+                 uint64_t len)
 {
-    rs_remove(&t->avail, start, len);
+    rs_remove(set, start, len);
     log_op(t, start, len, false);
 }
 
@@ -433,8 +431,9 @@ static int reserve_refill(Extree *t, bool may_grow)
     return 0;
 }
 
-/* One node of host space: the reserve, a new reserve from free space, any
- * free node-sized range, a new reserve at the end.  O(log n). */
+/* One node of host space: freed node space, the reserve, a new reserve
+ * from free space, any free node-sized range, a new reserve at the end.
+ * O(log n). */
 int extree_alloc_meta(Extree *t, uint64_t *out)
 {
     ExtreeRange *r;
@@ -443,11 +442,17 @@ int extree_alloc_meta(Extree *t, uint64_t *out)
     if (!t->alloc_loaded) {
         return -EIO;
     }
+    r = rs_first_fit(&t->nfree, t->node_size);
+    if (r) {
+        *out = r->start;
+        take(t, &t->nfree, r->start, t->node_size);
+        return 0;
+    }
     if (resv_bytes(t) < t->node_size && reserve_refill(t, false) < 0) {
         r = rs_first_fit(&t->avail, t->node_size);
         if (r) {
             *out = r->start;
-            take(t, r->start, t->node_size);
+            take(t, &t->avail, r->start, t->node_size);
             return 0;
         }
         ret = reserve_refill(t, true);
@@ -464,6 +469,7 @@ int extree_alloc_meta(Extree *t, uint64_t *out)
 bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len)
 {
     return rs_overlaps(&t->avail, start, len) ||
+           rs_overlaps(&t->nfree, start, len) ||
            rs_overlaps(&t->pending, start, len) ||
            (start < t->resv_end && t->resv_start < start + len);
 }
@@ -545,9 +551,25 @@ int extree_free_data(Extree *t, uint64_t host, uint64_t bytes)
     return extree_free_space(t, host, bytes);
 }
 
+/* The range of avail or nfree that contains @off, and its set */
+static ExtreeRange *free_at(Extree *t, uint64_t off, ExtreeRangeSet **set)
+{
+    ExtreeRangeSet *sets[2] = { &t->avail, &t->nfree };
+
+    for (int i = 0; i < 2; i++) {
+        ExtreeRange *r = rs_floor(sets[i], off);
+        if (r && r->start + r->len > off) {
+            *set = sets[i];
+            return r;
+        }
+    }
+    return NULL;
+}
+
 /* Take up to @bytes at @hint if it is allocatable; returns bytes taken */
 static uint64_t take_at(Extree *t, uint64_t hint, uint64_t bytes)
 {
+    ExtreeRangeSet *set;
     ExtreeRange *r;
     uint64_t got;
 
@@ -555,12 +577,12 @@ static uint64_t take_at(Extree *t, uint64_t hint, uint64_t bytes)
         /* Right at the end: grow the extent */
         return grow(t, bytes, &hint) < 0 ? 0 : bytes;
     }
-    r = rs_floor(&t->avail, hint);
-    if (!r || r->start + r->len <= hint) {
+    r = free_at(t, hint, &set);
+    if (!r) {
         return 0;
     }
     got = MIN(bytes, r->start + r->len - hint);
-    take(t, hint, got);
+    take(t, set, hint, got);
     return got;
 }
 
@@ -575,6 +597,7 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
 {
     ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
     uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
+    ExtreeRangeSet *set = &t->avail;
     ExtreeItem prev, next;
     ExtreeRange *r;
     bool hp, hn;
@@ -603,25 +626,32 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
     if (hn && next.type == EXTREE_ITEM_DATA && next.key == guest + bytes &&
         next.host >= t->data_start + bytes) {
         uint64_t h = next.host - bytes;
-        r = rs_floor(&t->avail, h);
+        r = free_at(t, h, &set);
         if (r && r->start + r->len >= next.host) {
-            take(t, h, bytes);
+            take(t, set, h, bytes);
             *host = h;
             *got = bytes;
             return 0;
         }
     }
-    r = rs_first_fit(&t->avail, bytes);
-    if (!r && t->avail.bytes >= (t->host_end - t->data_start) /
-                                EXT_SCARCE_DIV) {
-        /* Fragmented but plentiful: part of the request, from the longest
-         * range, instead of growing the file */
-        r = rs_first_fit(&t->avail, rn_max(t->avail.root));
+    set = &t->avail;
+    r = rs_first_fit(set, bytes);
+    if (!r && t->avail.bytes + t->nfree.bytes >=
+              (t->host_end - t->data_start) / EXT_SCARCE_DIV) {
+        /* Plentiful but not in avail, or fragmented: node space, then part
+         * of the request from the longest range, instead of growing */
+        set = &t->nfree;
+        r = rs_first_fit(set, bytes);
+        if (!r) {
+            set = rn_max(t->avail.root) >= rn_max(t->nfree.root) ?
+                  &t->avail : &t->nfree;
+            r = rs_first_fit(set, rn_max(set->root));
+        }
     }
     if (r) {
         *host = r->start;
         *got = MIN(bytes, r->len);
-        take(t, *host, *got);
+        take(t, set, *host, *got);
         return 0;
     }
     /* Grow the file; reserve metadata room first so that the nodes this
@@ -651,15 +681,20 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
  */
 bool extree_alloc_trim_tail(Extree *t)
 {
-    ExtreeRange *r = rs_last(&t->avail);
+    ExtreeRangeSet *set = &t->avail;
+    ExtreeRange *r = rs_last(set);
     uint64_t start;
 
+    if (!r || r->start + r->len != t->host_end) {
+        set = &t->nfree;
+        r = rs_last(set);
+    }
     if (!t->alloc_loaded || !r || r->start + r->len != t->host_end ||
         r->len < EXT_SHRINK_MIN) {
         return false;
     }
     start = r->start;
-    take(t, start, r->len);
+    take(t, set, start, r->len);
     t->host_end = start;
     t->super_dirty = true;
     return true;
@@ -690,16 +725,15 @@ static ExtreeRange *rs_from(const ExtreeRangeSet *s, uint64_t pos)
 static bool next_free_piece(Extree *t, uint64_t pos, uint64_t end,
                             uint64_t *fs, uint64_t *fe)
 {
-    ExtreeRange *a = rs_from(&t->avail, pos), *p = rs_from(&t->pending, pos);
+    ExtreeRangeSet *sets[3] = { &t->avail, &t->nfree, &t->pending };
     uint64_t s = UINT64_MAX, e = 0;
 
-    if (a && a->start < s) {
-        s = a->start;
-        e = a->start + a->len;
-    }
-    if (p && p->start < s) {
-        s = p->start;
-        e = p->start + p->len;
+    for (int i = 0; i < 3; i++) {
+        ExtreeRange *r = rs_from(sets[i], pos);
+        if (r && r->start < s) {
+            s = r->start;
+            e = r->start + r->len;
+        }
     }
     if (resv_bytes(t) && t->resv_end > pos && t->resv_start < s) {
         s = t->resv_start;
@@ -710,14 +744,17 @@ static bool next_free_piece(Extree *t, uint64_t pos, uint64_t end,
     }
     /* neighbours from the other sets continue the piece */
     for (;;) {
-        ExtreeRange *n;
-        if ((n = rs_floor(&t->avail, e)) && n->start == e) {
-            e += n->len;
-        } else if ((n = rs_floor(&t->pending, e)) && n->start == e) {
-            e += n->len;
-        } else if (resv_bytes(t) && t->resv_start == e) {
+        uint64_t old = e;
+        for (int i = 0; i < 3; i++) {
+            ExtreeRange *n = rs_floor(sets[i], e);
+            if (n && n->start == e) {
+                e += n->len;
+            }
+        }
+        if (resv_bytes(t) && t->resv_start == e) {
             e = t->resv_end;
-        } else {
+        }
+        if (e == old) {
             break;
         }
     }
@@ -825,35 +862,37 @@ static void merge_ranges(GArray *list)
 }
 
 /*
- * Commit step 7: the superblock is durable, pending frees are reusable.
- * Appends to @discard (ExtreeAllocOp) what the caller should discard now:
- * the space this commit freed, except node space, and the node space the
- * previous commit freed that is still allocatable, in runs of at least
+ * Commit step 7: the superblock is durable, pending frees are reusable:
+ * freed node space goes to nfree, the rest to avail.  Appends to @discard
+ * (ExtreeAllocOp) what the caller should discard now: the space this
+ * commit freed, except node space, and the node space the previous commit
+ * freed that is still allocatable, in runs of at least
  * EXT_DISCARD_NODES_MIN.  Node space this commit freed waits for the next
  * commit.  O(pending ranges * log n).
  */
 void extree_alloc_commit_done(Extree *t, GArray *discard)
 {
-    GArray *ranges = g_array_new(false, false, sizeof(ExtreeAllocOp));
-
-    rn_collect(t->pending.root, ranges);
+    /* pending is exactly freed_data + freed_nodes */
     rs_clear(&t->pending);
-    for (guint i = 0; i < ranges->len; i++) {
-        ExtreeAllocOp *op = &g_array_index(ranges, ExtreeAllocOp, i);
+    merge_ranges(t->freed_data);
+    merge_ranges(t->freed_nodes);
+    for (guint i = 0; i < t->freed_data->len; i++) {
+        ExtreeAllocOp *op = &g_array_index(t->freed_data, ExtreeAllocOp, i);
         rs_add(&t->avail, op->start, op->len);
     }
-    g_array_free(ranges, true);
-
-    merge_ranges(t->freed_data);
+    for (guint i = 0; i < t->freed_nodes->len; i++) {
+        ExtreeAllocOp *op = &g_array_index(t->freed_nodes, ExtreeAllocOp, i);
+        rs_add(&t->nfree, op->start, op->len);
+    }
     g_array_append_vals(discard, t->freed_data->data, t->freed_data->len);
     g_array_set_size(t->freed_data, 0);
 
     for (guint i = 0; i < t->discard_later->len; i++) {
         ExtreeAllocOp *op = &g_array_index(t->discard_later, ExtreeAllocOp, i);
         uint64_t end = op->start + op->len;
-        ExtreeRange *r = rs_from(&t->avail, op->start);
+        ExtreeRange *r = rs_from(&t->nfree, op->start);
 
-        for (; r && r->start < end; r = rs_after(&t->avail, r->start)) {
+        for (; r && r->start < end; r = rs_after(&t->nfree, r->start)) {
             uint64_t s = MAX(r->start, op->start);
             uint64_t e = MIN(r->start + r->len, end);
             if (e - s >= MAX(t->node_size, EXT_DISCARD_NODES_MIN)) {
@@ -863,7 +902,6 @@ void extree_alloc_commit_done(Extree *t, GArray *discard)
         }
     }
     g_array_set_size(t->discard_later, 0);
-    merge_ranges(t->freed_nodes);
     g_array_append_vals(t->discard_later, t->freed_nodes->data,
                         t->freed_nodes->len);
     g_array_set_size(t->freed_nodes, 0);
@@ -925,6 +963,7 @@ int extree_alloc_rebuild(Extree *t, GArray *used)
     int ret;
 
     rs_clear(&t->avail);
+    rs_clear(&t->nfree);
     rs_clear(&t->pending);
     t->resv_start = t->resv_end = 0;
     g_array_set_size(t->oplog, 0);

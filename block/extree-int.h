@@ -264,6 +264,7 @@ struct Extree {
     bool alloc_loaded;          /* free space known: the free tree loaded
                                  * (never for read-only handles) */
     ExtreeRangeSet avail;       /* allocatable now */
+    ExtreeRangeSet nfree;       /* allocatable now, freed node space */
     ExtreeRangeSet pending;     /* freed in this transaction */
     uint64_t resv_start, resv_end;  /* metadata reserve, free */
     GArray *oplog;              /* ExtreeAllocOp since the last free-tree
