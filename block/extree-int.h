@@ -249,6 +249,7 @@ struct Extree {
     uint64_t seq;               /* bumped by every tree change */
     GPtrArray *spare_bufs;      /* node buffers for re-use: CoW allocates
                                  * and frees one per copy */
+    uint8_t *bounce;            /* commit: consecutive nodes, one write */
     bool in_commit;
 
     /*
@@ -293,6 +294,8 @@ int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
                     ExtreeNode **out);
 ExtreeNode *extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
                             unsigned level);
+ExtreeNode *extree_node_new_copy(Extree *t, uint64_t bytenr, uint32_t owner,
+                                 unsigned level, const ExtreeNode *src);
 void extree_node_ref(ExtreeNode *n);
 void extree_node_unref(Extree *t, ExtreeNode *n);
 void extree_node_drop(Extree *t, ExtreeNode *n);

@@ -120,6 +120,8 @@ void extree_cache_destroy(Extree *t)
     }
     g_hash_table_destroy(t->cache);
     t->cache = NULL;
+    g_free(t->bounce);
+    t->bounce = NULL;
 }
 
 static void cache_remove(Extree *t, ExtreeNode *n)
@@ -185,12 +187,17 @@ void extree_node_drop(Extree *t, ExtreeNode *n)
     t->seq++;
 }
 
-/* A new empty node of this transaction, dirty and pinned once */
-ExtreeNode *extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
-                            unsigned level)
+/*
+ * A new node of this transaction, dirty and pinned once: empty, or with
+ * the items of @src (copy-on-write).  Bytes after the last item are zero,
+ * so that node images (and checksums) are deterministic.
+ */
+ExtreeNode *extree_node_new_copy(Extree *t, uint64_t bytenr, uint32_t owner,
+                                 unsigned level, const ExtreeNode *src)
 {
     ExtreeNode *n = g_new0(ExtreeNode, 1);
     ExtreeNode *old = g_hash_table_lookup(t->cache, &bytenr);
+    size_t used = EXTREE_NODE_HEADER_SIZE;
 
     if (old) {
         /* A stale clean copy of a freed location: must not be found */
@@ -198,7 +205,16 @@ ExtreeNode *extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
     }
     n->bytenr = bytenr;
     n->buf = buf_alloc(t);
-    memset(n->buf, 0, t->node_size);
+    if (src) {
+        used += (size_t)node_nritems(src) *
+                (level ? EXT_PTR_ISZ : EXT_LEAF_ISZ);
+        memcpy(n->buf, src->buf, used);
+    }
+    memset(n->buf, 0, EXTREE_NODE_HEADER_SIZE);
+    memset(n->buf + used, 0, t->node_size - used);
+    if (src) {
+        node_set_nritems(n, node_nritems(src));
+    }
     ext_st32(n->buf + EXT_NH_MAGIC, EXTREE_NODE_MAGIC);
     ext_st64(n->buf + EXT_NH_BYTENR, bytenr);
     ext_st64(n->buf + EXT_NH_GEN, t->trans_gen);
@@ -212,6 +228,12 @@ ExtreeNode *extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
     t->ndirty++;
     t->seq++;
     return n;
+}
+
+ExtreeNode *extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
+                            unsigned level)
+{
+    return extree_node_new_copy(t, bytenr, owner, level, NULL);
 }
 
 /* ---- validation ---- */
@@ -501,11 +523,9 @@ int extree_node_write_dirty(Extree *t)
 {
     GPtrArray *arr = g_ptr_array_sized_new(t->ndirty);
     guint batch = MAX(1, (1024 * 1024) / t->node_size);
-    uint8_t *bounce = NULL;
     int ret = 0;
 
     for (ExtreeNode *n = t->dirty.next; n != &t->dirty; n = n->next) {
-        extree_node_finish(t, n->buf);
         /* pinned: the writes may yield */
         extree_node_ref(n);
         g_ptr_array_add(arr, n);
@@ -520,18 +540,25 @@ int extree_node_write_dirty(Extree *t)
                first->bytenr + (uint64_t)(j - i) * t->node_size) {
             j++;
         }
+        /* Checksum each node right before it is copied or written: one
+         * pass over memory that is still in the CPU cache for the next */
         if (j - i == 1) {
+            extree_node_finish(t, first->buf);
             ret = t->be->ops->pwrite(t->be->opaque, first->bytenr, first->buf,
                                      t->node_size);
         } else {
-            if (!bounce) {
-                bounce = g_malloc((size_t)batch * t->node_size);
+            /* kept for the next commit: fresh memory for each commit
+             * costs page faults */
+            if (!t->bounce) {
+                t->bounce = g_malloc((size_t)batch * t->node_size);
             }
             for (guint k = i; k < j; k++) {
-                memcpy(bounce + (size_t)(k - i) * t->node_size,
-                       ((ExtreeNode *)arr->pdata[k])->buf, t->node_size);
+                ExtreeNode *n = arr->pdata[k];
+                extree_node_finish(t, n->buf);
+                memcpy(t->bounce + (size_t)(k - i) * t->node_size, n->buf,
+                       t->node_size);
             }
-            ret = t->be->ops->pwrite(t->be->opaque, first->bytenr, bounce,
+            ret = t->be->ops->pwrite(t->be->opaque, first->bytenr, t->bounce,
                                      (uint64_t)(j - i) * t->node_size);
         }
         if (ret == 0) {
@@ -542,7 +569,6 @@ int extree_node_write_dirty(Extree *t)
     for (guint i = 0; i < arr->len; i++) {
         extree_node_unref(t, arr->pdata[i]);
     }
-    g_free(bounce);
     g_ptr_array_free(arr, true);
     return ret;
 }

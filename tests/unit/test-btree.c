@@ -348,9 +348,69 @@ static void test_cache_bound(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * Leaf search guesses the slot from the keys' spread; keys bunched at both
+ * ends of a huge range make the guess wrong by far.  Every item, and every
+ * gap around it, must still be found, by lookups at random offsets and by
+ * updates next to each item.
+ */
+static void test_skewed_keys(void)
+{
+    uint64_t vsize = 1ULL << 40, far = vsize / BS - 400;
+    ExtreeBackend *be = ct_create(vsize, BS, NS);
+    Extree *t = ct_open(be);
+    GArray *keys = g_array_new(false, false, sizeof(uint64_t));
+
+    /* 60 items at the start, 60 near the end, a few in the middle: one
+     * leaf (126 items) */
+    for (uint64_t i = 0; i < 60; i++) {
+        uint64_t k[2] = { 2 * i, far + 3 * i };
+        for (int j = 0; j < 2; j++) {
+            g_assert_cmpint(extree_set_zero(t, k[j] * BS, BS), ==, 0);
+            g_array_append_val(keys, k[j]);
+        }
+    }
+    for (uint64_t i = 1; i <= 4; i++) {
+        uint64_t k = i * (vsize / BS / 5);
+        g_assert_cmpint(extree_set_zero(t, k * BS, BS), ==, 0);
+        g_array_append_val(keys, k);
+    }
+    g_assert_cmpuint(extree_depth(t), ==, 1);
+    for (int pass = 0; pass < 2; pass++) {
+        for (guint i = 0; i < keys->len; i++) {
+            uint64_t k = g_array_index(keys, uint64_t, i);
+            for (int d = k ? -1 : 0; d <= 1; d++) {
+                ExtreeRun run;
+                int n;
+                g_assert_cmpint(extree_lookup(t, (k + d) * BS, BS, &run, 1,
+                                              &n), ==, 0);
+                g_assert_cmpint(run.type, ==, d == 0 ? EXTREE_RUN_ZERO
+                                                     : EXTREE_RUN_UNALLOC);
+            }
+        }
+        g_assert_cmpuint(extree_extent_count(t), ==, keys->len);
+        /* the same after a commit and reopen, and after an update right
+         * behind every item (which merges with it) */
+        g_assert_cmpint(extree_commit(t), ==, 0);
+        extree_close(t);
+        t = ct_open(be);
+        if (pass == 0) {
+            for (guint i = 0; i < keys->len; i++) {
+                uint64_t k = g_array_index(keys, uint64_t, i);
+                g_assert_cmpint(extree_punch(t, (k + 1) * BS, BS), ==, 0);
+            }
+        }
+    }
+    ct_check_clean(t, NULL);
+    g_array_free(keys, true);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/btree/skewed-keys", test_skewed_keys);
     g_test_add_func("/btree/coalesce-and-lookup", test_coalesce_and_lookup);
     g_test_add_func("/btree/cursor-invalidation", test_cursor_invalidation);
     g_test_add_func("/btree/sequential-fill", test_sequential_fill);

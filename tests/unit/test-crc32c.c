@@ -62,10 +62,35 @@ static void test_random_and_chained(void)
     g_rand_free(r);
 }
 
+/* Every length around the sizes where the hardware version switches
+ * between its three-stream blocks (3 x 4096, 3 x 256) and one stream, at
+ * every alignment; in software too */
+static void test_block_boundaries(void)
+{
+    size_t lens[] = { 0, 1, 7, 8, 9, 767, 768, 769, 775, 776, 1535, 1536,
+                      4092, 12287, 12288, 12289, 12295, 13055, 13056, 13057,
+                      16380, 16384, 24576, 24577, 36863, 36864, 65532 };
+    uint8_t *buf = g_malloc(65536 + 16);
+    GRand *r = g_rand_new_with_seed(2);
+
+    for (int i = 0; i < 65536 + 16; i++) {
+        buf[i] = g_rand_int(r);
+    }
+    for (size_t i = 0; i < G_N_ELEMENTS(lens); i++) {
+        for (size_t off = 0; off < 9; off++) {
+            uint32_t want = ref_crc32c(buf + off, lens[i]);
+            g_assert_cmphex(extree_crc32c(0, buf + off, lens[i]), ==, want);
+        }
+    }
+    g_free(buf);
+    g_rand_free(r);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/crc32c/vectors", test_vectors);
     g_test_add_func("/crc32c/random-and-chained", test_random_and_chained);
+    g_test_add_func("/crc32c/block-boundaries", test_block_boundaries);
     return g_test_run();
 }
