@@ -37,10 +37,11 @@
  *             (a partial allocation: the caller loops); the file grows only
  *             when free space is scarce, which bounds host_end to about 4/3
  *             of the space in use plus one transaction's frees;
- *   metadata  the lowest node-sized range of nfree; else the reserve; else
- *             a new reserve from the lowest free range of EXT_RESERVE_MIN
- *             nodes or more; else any free node-sized range; else a new
- *             reserve at the end of the file.
+ *   metadata  the reserve; else a new reserve from the lowest run of
+ *             EXT_RESERVE_NFREE_MIN nodes in nfree, or from the lowest
+ *             free range of EXT_RESERVE_MIN nodes; else any free
+ *             node-sized range (nfree first); else a new reserve at the
+ *             end of the file.
  *
  * Copyright (c) 2026 The extree authors
  *
@@ -49,8 +50,10 @@
 
 #include "extree-int.h"
 
-/* A new reserve needs at least this many nodes of contiguous free space */
+/* A new reserve needs at least this many nodes of contiguous free space,
+ * or this many of contiguous freed node space */
 #define EXT_RESERVE_MIN         32
+#define EXT_RESERVE_NFREE_MIN   4
 /* The largest reserve grown at the end of the file */
 #define EXT_RESERVE_MAX         (64 * 1024 * 1024)
 /* Data grows the file only when less than 1/EXT_SCARCE_DIV of the data
@@ -380,41 +383,52 @@ static int grow(Extree *t, uint64_t len, uint64_t *start)
     return 0;
 }
 
-/* Hand the rest of the reserve back to avail (it stays free) */
+/* Hand the rest of the reserve back to where it came from (it stays
+ * free) */
 static void reserve_release(Extree *t)
 {
     if (resv_bytes(t)) {
-        rs_add(&t->avail, t->resv_start, resv_bytes(t));
+        rs_add(t->resv_nfree ? &t->nfree : &t->avail, t->resv_start,
+               resv_bytes(t));
     }
     t->resv_start = t->resv_end = 0;
 }
 
 /*
- * A new reserve: the lowest free range of EXT_RESERVE_MIN nodes or more
- * (moving free space from avail to the reserve changes nothing on disk),
- * or, with @may_grow, new space at the end of the file.  Reserves grow with
- * the file, so a sequential data stream is interrupted O(log size) times;
- * at most one exists, so they cannot make the file grow without bound.
- * Returns -ENOSPC when nothing was found and growing is not allowed.
+ * A new reserve: the lowest run of EXT_RESERVE_NFREE_MIN freed nodes or
+ * more (old metadata space, recycled in order, so that the nodes of a
+ * commit stay consecutive), else the lowest free range of EXT_RESERVE_MIN
+ * nodes or more (moving free space to the reserve changes nothing on
+ * disk), else, with @may_grow, new space at the end of the file.  Reserves
+ * grow with the file, so a sequential data stream is interrupted
+ * O(log size) times; at most one exists, so they cannot make the file grow
+ * without bound.  -ENOSPC when nothing was found and growing is not
+ * allowed.
  */
 static int reserve_refill(Extree *t, bool may_grow)
 {
     uint64_t ns = t->node_size;
     uint64_t want = MAX(EXT_RESERVE_MIN * ns,
                         EXTREE_ROUND_UP(t->host_end / 32, ns));
+    ExtreeRangeSet *set = &t->nfree;
     ExtreeRange *r;
     uint64_t start;
     int ret;
 
     want = MIN(want, MAX(EXT_RESERVE_MAX, EXT_RESERVE_MIN * ns));
     reserve_release(t);
-    r = rs_first_fit(&t->avail, EXT_RESERVE_MIN * ns);
+    r = rs_first_fit(set, EXT_RESERVE_NFREE_MIN * ns);
+    if (!r) {
+        set = &t->avail;
+        r = rs_first_fit(set, EXT_RESERVE_MIN * ns);
+    }
     if (r) {
         uint64_t len = MIN(want, r->len / ns * ns);
         start = r->start;
-        rs_remove(&t->avail, start, len);
+        rs_remove(set, start, len);
         t->resv_start = start;
         t->resv_end = start + len;
+        t->resv_nfree = set == &t->nfree;
         return 0;
     }
     if (!may_grow) {
@@ -428,12 +442,13 @@ static int reserve_refill(Extree *t, bool may_grow)
     log_op(t, start, want, true);
     t->resv_start = start;
     t->resv_end = start + want;
+    t->resv_nfree = false;
     return 0;
 }
 
-/* One node of host space: freed node space, the reserve, a new reserve
- * from free space, any free node-sized range, a new reserve at the end.
- * O(log n). */
+/* One node of host space: the reserve, a new reserve from freed node
+ * space or free space, any free node-sized range (freed node space
+ * first), a new reserve at the end.  O(log n). */
 int extree_alloc_meta(Extree *t, uint64_t *out)
 {
     ExtreeRange *r;
@@ -442,17 +457,16 @@ int extree_alloc_meta(Extree *t, uint64_t *out)
     if (!t->alloc_loaded) {
         return -EIO;
     }
-    r = rs_first_fit(&t->nfree, t->node_size);
-    if (r) {
-        *out = r->start;
-        take(t, &t->nfree, r->start, t->node_size);
-        return 0;
-    }
     if (resv_bytes(t) < t->node_size && reserve_refill(t, false) < 0) {
-        r = rs_first_fit(&t->avail, t->node_size);
+        ExtreeRangeSet *set = &t->nfree;
+        r = rs_first_fit(set, t->node_size);
+        if (!r) {
+            set = &t->avail;
+            r = rs_first_fit(set, t->node_size);
+        }
         if (r) {
             *out = r->start;
-            take(t, &t->avail, r->start, t->node_size);
+            take(t, set, r->start, t->node_size);
             return 0;
         }
         ret = reserve_refill(t, true);

@@ -268,6 +268,7 @@ struct Extree {
     ExtreeRangeSet nfree;       /* allocatable now, freed node space */
     ExtreeRangeSet pending;     /* freed in this transaction */
     uint64_t resv_start, resv_end;  /* metadata reserve, free */
+    bool resv_nfree;            /* ... taken from nfree */
     GArray *oplog;              /* ExtreeAllocOp since the last free-tree
                                  * sync */
     /* What to discard after commit (ExtreeAllocOp): DATA and other space
