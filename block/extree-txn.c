@@ -643,7 +643,7 @@ int extree_commit(Extree *t)
      *    a superblock points at them */
     ret = t->be->ops->flush(t->be->opaque);
     if (ret < 0) {
-        goto fail;
+        goto flush_failed;
     }
 
     /* 5. Superblock G + 1 into slot (G + 1) % 2; slot G % 2 keeps G */
@@ -656,7 +656,7 @@ int extree_commit(Extree *t)
     /* 6. G + 1 durable */
     ret = t->be->ops->flush(t->be->opaque);
     if (ret < 0) {
-        goto fail;
+        goto flush_failed;
     }
 
     /* 7. Only now may space freed in G + 1 be reused */
@@ -674,7 +674,15 @@ int extree_commit(Extree *t)
      *    down.  A crash before or during this loses nothing. */
     give_back_space(t, freed);
     g_array_free(freed, true);
+    t->in_commit = false;
+    return 0;
 
+flush_failed:
+    /* After a failed flush the host may have dropped the unflushed writes
+     * (Linux marks the pages clean), so a retry could "succeed" without the
+     * data being durable: no more commits or updates until reopen, like
+     * file-posix after a failed fdatasync. */
+    t->broken = true;
 fail:
     t->in_commit = false;
     return ret;
