@@ -481,8 +481,20 @@ int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
     }
     ret = extree_node_validate(t, n->buf, bytenr, e, &why);
     if (ret < 0) {
-        ret = extree_corrupt(t, bytenr, "corrupt %s node at offset 0x%"
-                             PRIx64 ": %s", tree, bytenr, why);
+        int64_t len = t->be->ops->get_length(t->be->opaque);
+
+        /* Reads past the end of the file return zeroes: say why the node
+         * is damaged when the file was cut short (no corruption to flag:
+         * the caller may tell the two apart by the message's first word) */
+        if (len >= 0 && bytenr + t->node_size > (uint64_t)len) {
+            ret = extree_corrupt(t, bytenr, "truncated image: %s node at "
+                                 "offset 0x%" PRIx64 " lies past the end of "
+                                 "the file (%" PRId64 " bytes)", tree, bytenr,
+                                 len);
+        } else {
+            ret = extree_corrupt(t, bytenr, "corrupt %s node at offset 0x%"
+                                 PRIx64 ": %s", tree, bytenr, why);
+        }
         g_free(why);
         node_free(t, n);
         return ret;

@@ -289,6 +289,30 @@ static void test_commit_flush_failure(void)
     }
 }
 
+/*
+ * A file cut short: the node that lies past its end is reported as a
+ * truncated image, not as corruption (QEMU then leaves the image alone)
+ */
+static void test_open_truncated(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    Extree *t = ct_open(be);
+    char *msg = NULL;
+
+    ct_write(t, 0, 4 * BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+
+    g_assert_cmpint(be->ops->truncate(be->opaque, EXTREE_SB_AREA + BS), ==,
+                    0);
+    g_assert_cmpint(extree_open(be, &(ExtreeOpenOptions) { 0 }, &t, &msg),
+                    ==, -EIO);
+    g_assert_nonnull(msg);
+    g_assert_true(g_str_has_prefix(msg, "truncated image: "));
+    g_free(msg);
+    extree_mem_backend_free(be);
+}
+
 /* Memory backend ops without truncate and discard */
 static ExtreeBackendOps bare_ops;
 
@@ -1029,6 +1053,7 @@ int main(int argc, char **argv)
     g_test_add_func("/txn/dirty-limit", test_dirty_limit);
     g_test_add_func("/txn/commit-failure-retry", test_commit_failure_retry);
     g_test_add_func("/txn/commit-flush-failure", test_commit_flush_failure);
+    g_test_add_func("/txn/open-truncated", test_open_truncated);
     g_test_add_func("/txn/open-warning", test_open_warning);
     g_test_add_func("/txn/skipped-slot-open-fails",
                     test_skipped_slot_open_fails);
