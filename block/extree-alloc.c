@@ -50,20 +50,26 @@
 
 #include "extree-int.h"
 
-/* A new reserve needs at least this many nodes of contiguous free space,
- * or this many of contiguous freed node space */
+/*
+ * A new reserve needs at least this many nodes of contiguous free space,
+ * or this many of contiguous freed node space
+ */
 #define EXT_RESERVE_MIN         32
 #define EXT_RESERVE_NFREE_MIN   4
 /* The largest reserve grown at the end of the file */
 #define EXT_RESERVE_MAX         (64 * 1024 * 1024)
-/* Data grows the file only when less than 1/EXT_SCARCE_DIV of the data
- * area is allocatable */
+/*
+ * Data grows the file only when less than 1/EXT_SCARCE_DIV of the data
+ * area is allocatable
+ */
 #define EXT_SCARCE_DIV          4
 /* Commit cuts free space at the end of the file from this size on */
 #define EXT_SHRINK_MIN          (1024 * 1024)
-/* Freed node space is discarded in runs of at least this size (and one
+/*
+ * Freed node space is discarded in runs of at least this size (and one
  * node): single nodes are recycled within a commit or two, and a discard
- * would only leave a hole for the host to fill again */
+ * would only leave a hole for the host to fill again
+ */
 #define EXT_DISCARD_NODES_MIN   (256 * 1024)
 
 /* ---- range sets ---- */
@@ -156,8 +162,10 @@ static ExtreeRange *rn_delete(ExtreeRange *n, uint64_t start)
     return n;
 }
 
-/* Give the range starting at @key (which exists) a new start and length
- * that keep it between its neighbours */
+/*
+ * Give the range starting at @key (which exists) a new start and length
+ * that keep it between its neighbours
+ */
 static void rn_update(ExtreeRange *n, uint64_t key, uint64_t start,
                       uint64_t len)
 {
@@ -262,8 +270,10 @@ static void rs_insert(ExtreeRangeSet *s, uint64_t start, uint64_t len)
     s->count++;
 }
 
-/* Add [start, start + len), merging with neighbours.  The caller checked
- * that it overlaps nothing.  O(log n). */
+/*
+ * Add [start, start + len), merging with neighbours.  The caller checked
+ * that it overlaps nothing.  O(log n).
+ */
 static void rs_add(ExtreeRangeSet *s, uint64_t start, uint64_t len)
 {
     ExtreeRange *prev = rs_floor(s, start);
@@ -370,8 +380,10 @@ static void take(Extree *t, ExtreeRangeSet *set, uint64_t start,
     log_op(t, start, len, false);
 }
 
-/* Grow the host file; the new space is used by the caller (nothing to log:
- * the free tree never covered it) */
+/*
+ * Grow the host file; the new space is used by the caller (nothing to log:
+ * the free tree never covered it)
+ */
 static int grow(Extree *t, uint64_t len, uint64_t *start)
 {
     if (t->host_end > (uint64_t)INT64_MAX - len) {
@@ -383,8 +395,10 @@ static int grow(Extree *t, uint64_t len, uint64_t *start)
     return 0;
 }
 
-/* Hand the rest of the reserve back to where it came from (it stays
- * free) */
+/*
+ * Hand the rest of the reserve back to where it came from (it stays
+ * free)
+ */
 static void reserve_release(Extree *t)
 {
     if (resv_bytes(t)) {
@@ -446,9 +460,11 @@ static int reserve_refill(Extree *t, bool may_grow)
     return 0;
 }
 
-/* One node of host space: the reserve, a new reserve from freed node
+/*
+ * One node of host space: the reserve, a new reserve from freed node
  * space or free space, any free node-sized range (freed node space
- * first), a new reserve at the end.  O(log n). */
+ * first), a new reserve at the end.  O(log n).
+ */
 int extree_alloc_meta(Extree *t, uint64_t *out)
 {
     ExtreeRange *r;
@@ -536,8 +552,10 @@ int extree_free_node(Extree *t, uint64_t bytenr)
     return free_range(t, bytenr, t->node_size, true);
 }
 
-/* Leak repair and free-tree rebuild: space owned by nobody becomes free in
- * the next commit (and allocatable after it, like any freed space) */
+/*
+ * Leak repair and free-tree rebuild: space owned by nobody becomes free in
+ * the next commit (and allocatable after it, like any freed space)
+ */
 int extree_alloc_add_free(Extree *t, uint64_t start, uint64_t len)
 {
     if (!len || start < t->data_start || start >= t->host_end ||
@@ -652,8 +670,10 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
     r = rs_first_fit(set, bytes);
     if (!r && t->avail.bytes + t->nfree.bytes >=
               (t->host_end - t->data_start) / EXT_SCARCE_DIV) {
-        /* Plentiful but not in avail, or fragmented: node space, then part
-         * of the request from the longest range, instead of growing */
+        /*
+         * Plentiful but not in avail, or fragmented: node space, then part
+         * of the request from the longest range, instead of growing
+         */
         set = &t->nfree;
         r = rs_first_fit(set, bytes);
         if (!r) {
@@ -668,8 +688,10 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
         take(t, set, *host, *got);
         return 0;
     }
-    /* Grow the file; reserve metadata room first so that the nodes this
-     * write needs do not land right behind it */
+    /*
+     * Grow the file; reserve metadata room first so that the nodes this
+     * write needs do not land right behind it
+     */
     if (resv_bytes(t) < t->node_size) {
         ret = reserve_refill(t, true);
         if (ret < 0) {

@@ -34,8 +34,10 @@ typedef struct MemFault {
     uint64_t count;
 } MemFault;
 
-/* Pages are shared between clones and copied on write, so that a clone
- * (a crash image, a snapshot) costs a reference per page */
+/*
+ * Pages are shared between clones and copied on write, so that a clone
+ * (a crash image, a snapshot) costs a reference per page
+ */
 typedef struct MemPage {
     uint32_t refcnt;
     uint8_t data[MEM_PAGE_SIZE];
@@ -49,8 +51,10 @@ typedef struct MemBackend {
     bool recording;
     struct MemBackend *base;    /* contents when recording started */
     GArray *log;                /* of ExtreeLogEntry; data g_malloc'd */
-    /* base plus log entries [0, replay_pos), replay_pos just after a
-     * flush: crash images of growing prefixes start from here */
+    /*
+     * base plus log entries [0, replay_pos), replay_pos just after a
+     * flush: crash images of growing prefixes start from here
+     */
     struct MemBackend *replay;
     size_t replay_pos;
 
@@ -195,8 +199,10 @@ static void mem_zero(MemBackend *m, uint64_t offset, uint64_t bytes)
 static void mem_truncate(MemBackend *m, uint64_t size)
 {
     if (size < m->length) {
-        /* Later growth must read zeros, so clear the dropped bytes.  The
-         * range is bounded by pages that actually exist. */
+        /*
+         * Later growth must read zeros, so clear the dropped bytes.  The
+         * range is bounded by pages that actually exist.
+         */
         GHashTableIter it;
         gpointer key;
         uint64_t first = size >> MEM_PAGE_BITS;
@@ -483,8 +489,10 @@ static void crash_apply(MemBackend *m, const ExtreeLogEntry *e)
     }
 }
 
-/* Apply an unflushed write sector by sector, each one kept, skipped or
- * (with @garbage) overwritten with noise */
+/*
+ * Apply an unflushed write sector by sector, each one kept, skipped or
+ * (with @garbage) overwritten with noise
+ */
 static void crash_tear_write(MemBackend *m, const ExtreeLogEntry *e,
                              bool garbage, uint64_t *rng)
 {
@@ -525,8 +533,10 @@ ExtreeBackend *extree_mem_backend_crash_image(ExtreeBackend *be,
            EXTREE_LOG_FLUSH) {
         flushed--;
     }
-    /* Bring the flushed image up to date; start over if asked for an
-     * earlier one.  Enumerating prefixes in order costs O(log) in all. */
+    /*
+     * Bring the flushed image up to date; start over if asked for an
+     * earlier one.  Enumerating prefixes in order costs O(log) in all.
+     */
     if (!m->replay || m->replay_pos > flushed) {
         if (m->replay) {
             extree_mem_backend_free(&m->replay->be);

@@ -23,13 +23,17 @@
 
 #include "extree.h"     /* ExtreeBackendOps, ExtreeBackend */
 
-/* Memory backend: sparse, 4 KiB pages allocated on first write and shared
- * copy-on-write between clones */
+/*
+ * Memory backend: sparse, 4 KiB pages allocated on first write and shared
+ * copy-on-write between clones
+ */
 ExtreeBackend *extree_mem_backend_new(void);
 void extree_mem_backend_free(ExtreeBackend *be);
 
-/* A new memory backend with a copy of @be's contents (not its log, faults
- * or counters).  O(pages) references, no data copied. */
+/*
+ * A new memory backend with a copy of @be's contents (not its log, faults
+ * or counters).  O(pages) references, no data copied.
+ */
 ExtreeBackend *extree_mem_backend_clone(ExtreeBackend *be);
 
 /* Byte-for-byte comparison of two memory backends (contents and length) */

@@ -421,8 +421,10 @@ static void raw_insert(ExtreeNode *n, int slot, const uint8_t *item, int isz)
     node_set_nritems(n, nr + 1);
 }
 
-/* Remove @count items from @slot; unused space stays zero so that node
- * images (and checksums) are deterministic */
+/*
+ * Remove @count items from @slot; unused space stays zero so that node
+ * images (and checksums) are deterministic
+ */
 static void raw_delete(ExtreeNode *n, int slot, int count, int isz)
 {
     int nr = node_nritems(n);
@@ -647,8 +649,10 @@ static int try_merge(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
     return 0;
 }
 
-/* Remove @count items at (@level, @slot) of a writable path; free empty
- * nodes, merge underfull ones, collapse a single-child root */
+/*
+ * Remove @count items at (@level, @slot) of a writable path; free empty
+ * nodes, merge underfull ones, collapse a single-child root
+ */
 static int delete_at(Extree *t, ExtreeTree *tree, ExtreePath *p, int level,
                      int slot, int count)
 {
@@ -784,8 +788,10 @@ static bool mergeable(const ExtreeItem *a, const ExtreeItem *b)
            (a->type == EXTREE_ITEM_ZERO || a->host + a->length == b->host);
 }
 
-/* Insert @it into a hole, merged with mergeable neighbours.  @known: the
- * caller's *@prev / *@next (items before and from it->key) are current. */
+/*
+ * Insert @it into a hole, merged with mergeable neighbours.  @known: the
+ * caller's *@prev / *@next (items before and from it->key) are current.
+ */
 static int insert_merged(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
                          bool known, ExtreeItem prev, bool hp,
                          ExtreeItem next, bool hn)
@@ -850,8 +856,10 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
     if (ret < 0) {
         return ret;
     }
-    /* An item starting before the range reaches into it: keep its head
-     * (and its tail beyond the range) */
+    /*
+     * An item starting before the range reaches into it: keep its head
+     * (and its tail beyond the range)
+     */
     if (hp && prev.key + prev.length > start) {
         uint64_t pend = prev.key + prev.length;
         ExtreeItem head = prev;
@@ -875,8 +883,10 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
             return ret;
         }
     }
-    /* Items starting inside the range: delete them, a leaf's worth per
-     * descent, or cut the front of the last one */
+    /*
+     * Items starting inside the range: delete them, a leaf's worth per
+     * descent, or cut the front of the last one
+     */
     while (hn && next.key < end) {
         ExtreePath p = { { 0 } };
 
@@ -965,8 +975,10 @@ static int check_update(Extree *t, uint64_t guest, uint64_t bytes)
     return 0;
 }
 
-/* A failed tree change may have stopped half-way: refuse further updates
- * (reads stay possible; reopen to recover the last commit) */
+/*
+ * A failed tree change may have stopped half-way: refuse further updates
+ * (reads stay possible; reopen to recover the last commit)
+ */
 static int update_done(Extree *t, int ret)
 {
     if (ret < 0) {

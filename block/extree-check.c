@@ -35,8 +35,10 @@ typedef struct CheckCtx {
     uint8_t *bufs[EXTREE_MAX_LEVELS];
     ExtreeItem last;            /* previous leaf item of the tree walked */
     bool has_last;
-    /* of res->corruptions: in the extent tree (or its accounting), in the
-     * free-space tree (or its accounting, or free space claimed twice) */
+    /*
+     * of res->corruptions: in the extent tree (or its accounting), in the
+     * free-space tree (or its accounting, or free space claimed twice)
+     */
     uint64_t extent_bad, free_bad;
 } CheckCtx;
 
@@ -194,8 +196,10 @@ static void overlap(CheckCtx *c, const Claim *a, const Claim *b)
     uint64_t at = b->start;
     char an[64], bn[64];
 
-    /* a claim of the free tree (its nodes or its free space) is the one
-     * to doubt: rebuilding the free tree resolves it */
+    /*
+     * a claim of the free tree (its nodes or its free space) is the one
+     * to doubt: rebuilding the free tree resolves it
+     */
     count(c, a->kind == CLAIM_FREE || b->kind == CLAIM_FREE ||
              a->kind == CLAIM_FREE_NODE || b->kind == CLAIM_FREE_NODE);
     if (a->kind == CLAIM_DATA && b->kind == CLAIM_DATA) {
@@ -267,8 +271,10 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
         return 0;
     }
     if (free_bad) {
-        /* "-r all": the extent tree is sound, the free tree is not; every
-         * block that is neither an extent-tree node nor DATA is free */
+        /*
+         * "-r all": the extent tree is sound, the free tree is not; every
+         * block that is neither an extent-tree node nor DATA is free
+         */
         GArray *used = used_ranges(c);
 
         ret = extree_alloc_rebuild(t, used);

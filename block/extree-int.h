@@ -85,8 +85,10 @@ typedef struct ExtreeKeyPtr {
 typedef struct ExtreeNode {
     uint64_t bytenr;            /* hash key: where it lives on disk */
     uint8_t *buf;               /* node_size bytes, on-disk image */
-    /* One list at a time: t->lru (clean, unpinned) or t->dirty (dirty) or
-     * none (clean and pinned) */
+    /*
+     * One list at a time: t->lru (clean, unpinned) or t->dirty (dirty) or
+     * none (clean and pinned)
+     */
     struct ExtreeNode *prev, *next;
     uint32_t refcnt;
     bool dirty;
@@ -199,8 +201,10 @@ typedef struct ExtreeAllocOp {
     bool is_free;
 } ExtreeAllocOp;
 
-/* A set of disjoint host ranges (extree-alloc.c: a treap keyed by start,
- * augmented with the longest range of each subtree) */
+/*
+ * A set of disjoint host ranges (extree-alloc.c: a treap keyed by start,
+ * augmented with the longest range of each subtree)
+ */
 typedef struct ExtreeRange ExtreeRange;
 typedef struct ExtreeRangeSet {
     ExtreeRange *root;
@@ -238,8 +242,10 @@ struct Extree {
     ExtreeTree trees[2];
     struct ExtreeSuper *csb;    /* last committed superblock */
 
-    /* Node cache: O(1) lookup by bytenr, intrusive LRU of clean unpinned
-     * nodes; dirty nodes stay until commit */
+    /*
+     * Node cache: O(1) lookup by bytenr, intrusive LRU of clean unpinned
+     * nodes; dirty nodes stay until commit
+     */
     GHashTable *cache;
     ExtreeNode lru;             /* list head; lru.next is the oldest */
     ExtreeNode dirty;           /* list head */
@@ -271,10 +277,12 @@ struct Extree {
     bool resv_nfree;            /* ... taken from nfree */
     GArray *oplog;              /* ExtreeAllocOp since the last free-tree
                                  * sync */
-    /* What to discard after commit (ExtreeAllocOp): DATA and other space
+    /*
+     * What to discard after commit (ExtreeAllocOp): DATA and other space
      * freed in this transaction, at once; node space freed in it, after
      * the next commit if still unused then (metadata churn is mostly
-     * reused right away, a discard would only cost a hole to refill) */
+     * reused right away, a discard would only cost a hole to refill)
+     */
     GArray *freed_data, *freed_nodes, *discard_later;
     bool trimmed;               /* host_end lowered in this transaction:
                                  * truncate after commit */

@@ -483,9 +483,11 @@ int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
     if (ret < 0) {
         int64_t len = t->be->ops->get_length(t->be->opaque);
 
-        /* Reads past the end of the file return zeroes: say why the node
+        /*
+         * Reads past the end of the file return zeroes: say why the node
          * is damaged when the file was cut short (no corruption to flag:
-         * the caller may tell the two apart by the message's first word) */
+         * the caller may tell the two apart by the message's first word)
+         */
         if (len >= 0 && bytenr + t->node_size > (uint64_t)len) {
             ret = extree_corrupt(t, bytenr, "truncated image: %s node at "
                                  "offset 0x%" PRIx64 " lies past the end of "
@@ -552,15 +554,19 @@ int extree_node_write_dirty(Extree *t)
                first->bytenr + (uint64_t)(j - i) * t->node_size) {
             j++;
         }
-        /* Checksum each node right before it is copied or written: one
-         * pass over memory that is still in the CPU cache for the next */
+        /*
+         * Checksum each node right before it is copied or written: one
+         * pass over memory that is still in the CPU cache for the next
+         */
         if (j - i == 1) {
             extree_node_finish(t, first->buf);
             ret = t->be->ops->pwrite(t->be->opaque, first->bytenr, first->buf,
                                      t->node_size);
         } else {
-            /* kept for the next commit: fresh memory for each commit
-             * costs page faults */
+            /*
+             * kept for the next commit: fresh memory for each commit
+             * costs page faults
+             */
             if (!t->bounce) {
                 t->bounce = g_malloc((size_t)batch * t->node_size);
             }

@@ -475,8 +475,10 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     t->be = be;
     t->read_only = o->read_only;
     t->repair = o->repair && !o->read_only;
-    /* Not a torn write: someone wrote a bad superblock, perhaps the newest
-     * one; it is overwritten by the next commit */
+    /*
+     * Not a torn write: someone wrote a bad superblock, perhaps the newest
+     * one; it is overwritten by the next commit
+     */
     t->open_warning = skip.sum_ok ? g_strdup(skip.why) : NULL;
     t->block_size = sb[best].block_size;
     t->node_size = sb[best].node_size;
@@ -532,8 +534,10 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     }
     if (ret < 0) {
         const char *why = t->last_error ? t->last_error : g_strerror(-ret);
-        /* The skipped slot may be the real problem (a durable commit
-         * discards what the older generation alone used) */
+        /*
+         * The skipped slot may be the real problem (a durable commit
+         * discards what the older generation alone used)
+         */
         if (skip.skipped) {
             *errmsg = g_strdup_printf("%s; then: %s", skip.why, why);
         } else {
@@ -619,11 +623,13 @@ int extree_commit(Extree *t)
     }
     t->in_commit = true;
 
-    /* 2. Free space at the end of the file that state G does not use
+    /*
+     * 2. Free space at the end of the file that state G does not use
      *    either leaves the data area (lower host_end).  Then the free tree
      *    takes in this transaction's allocations and frees (pending frees
      *    are free in G + 1); loops to a fixed point.  A failure here leaves
-     *    the trees half-synced: give up on them. */
+     *    the trees half-synced: give up on them.
+     */
     if (extree_alloc_trim_tail(t)) {
         t->trimmed = true;
     }
@@ -639,8 +645,10 @@ int extree_commit(Extree *t)
         goto fail;
     }
 
-    /* 4. Nodes, and guest data written before this commit, durable before
-     *    a superblock points at them */
+    /*
+     * 4. Nodes, and guest data written before this commit, durable before
+     *    a superblock points at them
+     */
     ret = t->be->ops->flush(t->be->opaque);
     if (ret < 0) {
         goto flush_failed;
@@ -670,18 +678,22 @@ int extree_commit(Extree *t)
     t->super_dirty = false;
     t->stats.commits++;
 
-    /* 8. Discard what G + 1 freed; truncate the file if host_end went
-     *    down.  A crash before or during this loses nothing. */
+    /*
+     * 8. Discard what G + 1 freed; truncate the file if host_end went
+     *    down.  A crash before or during this loses nothing.
+     */
     give_back_space(t, freed);
     g_array_free(freed, true);
     t->in_commit = false;
     return 0;
 
 flush_failed:
-    /* After a failed flush the host may have dropped the unflushed writes
+    /*
+     * After a failed flush the host may have dropped the unflushed writes
      * (Linux marks the pages clean), so a retry could "succeed" without the
      * data being durable: no more commits or updates until reopen, like
-     * file-posix after a failed fdatasync. */
+     * file-posix after a failed fdatasync.
+     */
     t->broken = true;
 fail:
     t->in_commit = false;
@@ -768,8 +780,10 @@ int extree_mark_corrupt_image(ExtreeBackend *be)
     if (sb[best].incompat & ~EXTREE_INCOMPAT_MASK) {
         return -ENOTSUP;
     }
-    /* The slot written next holds a newer superblock with a bad field:
-     * the only copy of the newest state, perhaps repairable by hand */
+    /*
+     * The slot written next holds a newer superblock with a bad field:
+     * the only copy of the newest state, perhaps repairable by hand
+     */
     if (skip.skipped && skip.sum_ok &&
         skip.raw_gen > sb[best].generation) {
         return -EEXIST;

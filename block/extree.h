@@ -160,8 +160,10 @@ bool extree_is_dirty(const Extree *t);
 void extree_set_corrupt_handler(Extree *t, ExtreeCorruptFn *fn, void *opaque);
 const char *extree_last_error(const Extree *t);
 
-/* Write a new superblock generation with INCOMPAT_CORRUPT set (committed
- * trees, uncommitted changes dropped); later updates fail with -EIO. */
+/*
+ * Write a new superblock generation with INCOMPAT_CORRUPT set (committed
+ * trees, uncommitted changes dropped); later updates fail with -EIO.
+ */
 int extree_mark_corrupt(Extree *t);
 
 /*
@@ -189,8 +191,10 @@ const char *extree_backing_fmt(const Extree *t);    /* NULL if none */
 
 /* Dirty the superblock; committed by the next commit */
 int extree_set_backing(Extree *t, const char *file, const char *fmt);
-/* Grow: just sets.  Shrink: punches [ROUND_UP(size, bs), old end) first.
- * O(extents removed). */
+/*
+ * Grow: just sets.  Shrink: punches [ROUND_UP(size, bs), old end) first.
+ * O(extents removed).
+ */
 int extree_set_virtual_size(Extree *t, uint64_t size);
 
 /* Debug and benchmark counters, cumulative since open */
@@ -259,18 +263,23 @@ void extree_cursor_release(ExtreeCursor *c);
 #define EXTREE_COALESCE_ALLOC   1   /* merge every adjacent DATA/ZERO item;
                                      * type and host of the first piece */
 
-/* run->guest = @guest, run->length in (0, @max_bytes], never past the
+/*
+ * run->guest = @guest, run->length in (0, @max_bytes], never past the
  * virtual size.  -EINVAL if @guest >= virtual size or @max_bytes == 0.
- * O(1) amortized when walking forward, O(log n) otherwise. */
+ * O(1) amortized when walking forward, O(log n) otherwise.
+ */
 int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
                         int coalesce, ExtreeRun *run);
 
-/* Consecutive runs (COALESCE_HOST) covering [guest, guest + bytes), at most
- * @max_runs of them; *nruns is set to the number filled in. */
+/*
+ * Consecutive runs (COALESCE_HOST) covering [guest, guest + bytes), at most
+ * @max_runs of them; *nruns is set to the number filled in.
+ */
 int extree_lookup(Extree *t, uint64_t guest, uint64_t bytes, ExtreeRun *runs,
                   int max_runs, int *nruns);
 
-/* ---- Updates ----
+/*
+ * ---- Updates ----
  * Guest offsets and lengths must be block-aligned (-EINVAL).  Each call may
  * end with a forced commit when dirty metadata exceeds dirty_limit.
  * Space freed here becomes reusable only after the next commit is durable.
@@ -287,8 +296,10 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
                       uint64_t *host, uint64_t *got);
 /* Return an allocation that was never mapped */
 int extree_free_data(Extree *t, uint64_t host, uint64_t bytes);
-/* Map guest -> host as DATA, replacing what is there (replaced DATA space
- * is freed).  O(log n + items replaced). */
+/*
+ * Map guest -> host as DATA, replacing what is there (replaced DATA space
+ * is freed).  O(log n + items replaced).
+ */
 int extree_map_data(Extree *t, uint64_t guest, uint64_t bytes, uint64_t host);
 int extree_set_zero(Extree *t, uint64_t guest, uint64_t bytes);
 int extree_punch(Extree *t, uint64_t guest, uint64_t bytes);
@@ -333,13 +344,17 @@ typedef void ExtreeReportFn(void *opaque, const char *msg);
 int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
                      ExtreeReportFn *report, void *opaque);
 
-/* extree_check_fix() with EXTREE_FIX_LEAKS if @repair_leaks, plus
- * EXTREE_FIX_ERRORS if @repair_leaks and @t was opened with repair */
+/*
+ * extree_check_fix() with EXTREE_FIX_LEAKS if @repair_leaks, plus
+ * EXTREE_FIX_ERRORS if @repair_leaks and @t was opened with repair
+ */
 int extree_check(Extree *t, bool repair_leaks, ExtreeCheckResult *res,
                  ExtreeReportFn *report, void *opaque);
 
-/* Upper bound of metadata bytes for qemu-img measure (@nr_extents 0:
- * worst case, one extent per block) */
+/*
+ * Upper bound of metadata bytes for qemu-img measure (@nr_extents 0:
+ * worst case, one extent per block)
+ */
 uint64_t extree_metadata_bound(uint64_t virtual_size, uint32_t block_size,
                                uint32_t node_size, uint64_t nr_extents);
 

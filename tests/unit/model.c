@@ -67,8 +67,10 @@ void model_set(Model *m, uint64_t blk, uint64_t n, ExtreeRunType type,
     }
 }
 
-/* Whether block @i continues the run that block @i - 1 is part of, whose
- * first block has type @first */
+/*
+ * Whether block @i continues the run that block @i - 1 is part of, whose
+ * first block has type @first
+ */
 static bool joins(const Model *m, uint64_t i, uint32_t first, int coalesce)
 {
     const ModelBlock *prev = &m->b[i - 1], *cur = &m->b[i];

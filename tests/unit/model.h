@@ -37,18 +37,24 @@ void model_destroy(Model *m);
 void model_copy(Model *dst, const Model *src);
 bool model_equal(const Model *a, const Model *b);
 
-/* Set blocks [blk, blk + n): DATA at consecutive host blocks from @host,
- * or ZERO / UNALLOC (host ignored) */
+/*
+ * Set blocks [blk, blk + n): DATA at consecutive host blocks from @host,
+ * or ZERO / UNALLOC (host ignored)
+ */
 void model_set(Model *m, uint64_t blk, uint64_t n, ExtreeRunType type,
                uint64_t host, uint32_t tag);
 
-/* The run extree_cursor_query(guest, max_bytes, coalesce) must return.
- * O(run length), bounded by max_bytes. */
+/*
+ * The run extree_cursor_query(guest, max_bytes, coalesce) must return.
+ * O(run length), bounded by max_bytes.
+ */
 void model_run(const Model *m, uint64_t guest, uint64_t max_bytes,
                int coalesce, ExtreeRun *run);
 
-/* Items the extent tree must hold: maximal DATA (host-contiguous) and ZERO
- * runs.  O(blocks). */
+/*
+ * Items the extent tree must hold: maximal DATA (host-contiguous) and ZERO
+ * runs.  O(blocks).
+ */
 uint64_t model_extent_count(const Model *m);
 /* Items that start in blocks [blk, end) */
 uint64_t model_extent_starts(const Model *m, uint64_t blk, uint64_t end);

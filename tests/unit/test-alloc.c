@@ -66,8 +66,10 @@ static void test_near_hint(void)
     g_assert_cmpint(n, ==, 1);
     g_assert_cmpuint(extree_extent_count(t), ==, 1);
 
-    /* before the following extent: free the first half of 100..103,
-     * then rewriting it lands right before the second half */
+    /*
+     * before the following extent: free the first half of 100..103,
+     * then rewriting it lands right before the second half
+     */
     ct_write(t, 100 * BS, 4 * BS);
     g_assert_cmpint(extree_punch(t, 100 * BS, 2 * BS), ==, 0);
     g_assert_cmpint(extree_commit(t), ==, 0);
@@ -130,8 +132,10 @@ static void test_pending_free(void)
     extree_mem_backend_free(be);
 }
 
-/* Many scattered frees: the free tree grows several levels and the sync
- * loop reaches its fixed point; open loads the same free space */
+/*
+ * Many scattered frees: the free tree grows several levels and the sync
+ * loop reaches its fixed point; open loads the same free space
+ */
 static void test_free_tree_sync(void)
 {
     ExtreeBackend *be = ct_create(1 << 26, 512, 4096);
@@ -218,8 +222,10 @@ static void test_fragmented_reuse(void)
     g_assert_cmpuint(host, <, low);
     g_assert_cmpint(extree_free_data(t, host, got), ==, 0);
 
-    /* 64 blocks: no hole is that long, a quarter of the file is free:
-     * pieces of existing space, the file does not grow */
+    /*
+     * 64 blocks: no hole is that long, a quarter of the file is free:
+     * pieces of existing space, the file does not grow
+     */
     while (total < 64 * BS) {
         g_assert_cmpint(extree_alloc_data(t, (200000 + total / BS) * BS,
                                           64 * BS - total, &host, &got), ==,
@@ -238,8 +244,10 @@ static void test_fragmented_reuse(void)
     extree_mem_backend_free(be);
 }
 
-/* Rewriting, punching and zeroing at random for a long time: the file
- * stays within a small multiple of the space in use */
+/*
+ * Rewriting, punching and zeroing at random for a long time: the file
+ * stays within a small multiple of the space in use
+ */
 static void test_bounded_growth(void)
 {
     uint64_t vsize = 16 << 20, nblocks = vsize / BS;
@@ -272,8 +280,10 @@ static void test_bounded_growth(void)
                    PRIu64 " MiB\n", max_end >> 20, extree_host_end(t) >> 20,
                    extree_free_bytes(t) >> 20);
     }
-    /* data (at most the virtual size), one transaction's frees, free
-     * space below 1/4 of the file, metadata */
+    /*
+     * data (at most the virtual size), one transaction's frees, free
+     * space below 1/4 of the file, metadata
+     */
     g_assert_cmpuint(max_end, <=, 3 * vsize);
     ct_check_clean(t, NULL);
     g_rand_free(r);
@@ -281,8 +291,10 @@ static void test_bounded_growth(void)
     extree_mem_backend_free(be);
 }
 
-/* The nodes one commit writes come from the metadata reserve, mostly
- * consecutive: few, large writes */
+/*
+ * The nodes one commit writes come from the metadata reserve, mostly
+ * consecutive: few, large writes
+ */
 static void test_metadata_reserve(void)
 {
     ExtreeBackend *be = ct_create(1 << 30, BS, 4096);

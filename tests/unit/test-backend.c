@@ -185,8 +185,10 @@ static void test_mem_crash_image(void)
     g_assert_cmpint(img->ops->get_length(img->opaque), ==, 4608);
     extree_mem_backend_free(img);
 
-    /* Tearing works per 512-byte sector; each sector is all old or all
-     * new, and over many seeds both happen */
+    /*
+     * Tearing works per 512-byte sector; each sector is all old or all
+     * new, and over many seeds both happen
+     */
     for (uint64_t seed = 0; seed < 64; seed++) {
         img = extree_mem_backend_crash_image(be, 3, EXTREE_CRASH_TEAR, seed);
         for (int s = 0; s < 4; s++) {

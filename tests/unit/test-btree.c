@@ -233,8 +233,10 @@ static void test_walk_reads_each_leaf_once(void)
     extree_stats(t, &st);
     g_assert_cmpuint(st.descents - st0.descents, ==, 1);
     ct_check_clean(t, &res);
-    /* every extent-tree node once: the cold walk read all the extent tree
-     * but its root (read at open), and nothing twice */
+    /*
+     * every extent-tree node once: the cold walk read all the extent tree
+     * but its root (read at open), and nothing twice
+     */
     g_assert_cmpuint(st.cache_misses - st0.cache_misses, ==,
                      res.nodes - 1 - (res.free_items ? 1 : 1));
     extree_close(t);
@@ -361,8 +363,10 @@ static void test_skewed_keys(void)
     Extree *t = ct_open(be);
     GArray *keys = g_array_new(false, false, sizeof(uint64_t));
 
-    /* 60 items at the start, 60 near the end, a few in the middle: one
-     * leaf (126 items) */
+    /*
+     * 60 items at the start, 60 near the end, a few in the middle: one
+     * leaf (126 items)
+     */
     for (uint64_t i = 0; i < 60; i++) {
         uint64_t k[2] = { 2 * i, far + 3 * i };
         for (int j = 0; j < 2; j++) {
@@ -389,8 +393,10 @@ static void test_skewed_keys(void)
             }
         }
         g_assert_cmpuint(extree_extent_count(t), ==, keys->len);
-        /* the same after a commit and reopen, and after an update right
-         * behind every item (which merges with it) */
+        /*
+         * the same after a commit and reopen, and after an update right
+         * behind every item (which merges with it)
+         */
         g_assert_cmpint(extree_commit(t), ==, 0);
         extree_close(t);
         t = ct_open(be);

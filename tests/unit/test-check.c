@@ -11,8 +11,10 @@
 #define BS 4096
 #define NS 4096
 
-/* An image with a one-leaf extent tree: DATA at guest 0, 8, 16, 24 (2
- * blocks each, not host-contiguous) and free space from a punched one */
+/*
+ * An image with a one-leaf extent tree: DATA at guest 0, 8, 16, 24 (2
+ * blocks each, not host-contiguous) and free space from a punched one
+ */
 static ExtreeBackend *make_image(uint64_t *leaf)
 {
     ExtreeBackend *be = ct_create(1 << 30, BS, NS);
@@ -75,8 +77,10 @@ static void test_bad_crc(void)
     buf[300] ^= 1;
     ct_node_write(be, leaf, buf, NS, false);
     g_free(buf);
-    /* open reads the extent root: refused; the checker needs an open
-     * image, so damage a copy of the root instead ... */
+    /*
+     * open reads the extent root: refused; the checker needs an open
+     * image, so damage a copy of the root instead ...
+     */
     g_assert_cmpint(extree_open(be, &(ExtreeOpenOptions){ .read_only = true },
                                 &t, &want), ==, -EIO);
     g_free(want);
@@ -411,8 +415,10 @@ static void test_free_tree_damage_repair(void)
     extree_mem_backend_free(be);
 }
 
-/* A free tree that loads but lists space an extent uses: the checker of a
- * writable handle rebuilds it (the "-r all" case without a corrupt bit) */
+/*
+ * A free tree that loads but lists space an extent uses: the checker of a
+ * writable handle rebuilds it (the "-r all" case without a corrupt bit)
+ */
 static void test_free_tree_overlap_rebuild(void)
 {
     uint64_t leaf, free_at;
@@ -486,8 +492,10 @@ static void test_free_tree_overlap_rebuild(void)
     extree_mem_backend_free(be);
 }
 
-/* Corruption in the extent tree: the repair open checks but repairs
- * nothing, and the corrupt bit stays */
+/*
+ * Corruption in the extent tree: the repair open checks but repairs
+ * nothing, and the corrupt bit stays
+ */
 static void test_extent_damage_not_repaired(void)
 {
     ExtreeBackend *be = ct_create(1 << 30, BS, NS);
@@ -531,8 +539,10 @@ static void test_extent_damage_not_repaired(void)
     extree_mem_backend_free(be);
 }
 
-/* Marked corrupt, but only leaks: the repair open repairs them, the bit
- * can be cleared, and the image is writable again */
+/*
+ * Marked corrupt, but only leaks: the repair open repairs them, the bit
+ * can be cleared, and the image is writable again
+ */
 static void test_corrupt_bit_cleared_after_leak_repair(void)
 {
     uint64_t leaf, host, got;

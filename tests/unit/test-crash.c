@@ -33,8 +33,10 @@
 #include "block/extree-format.h"
 #include "model.h"
 
-/* Small blocks and nodes: some 30 leaves from a few thousand extents, so
- * that the smallest dirty limit (16 nodes) forces commits */
+/*
+ * Small blocks and nodes: some 30 leaves from a few thousand extents, so
+ * that the smallest dirty limit (16 nodes) forces commits
+ */
 #define VSIZE           (8 << 20)
 #define BS              512
 #define NODE            4096
@@ -152,8 +154,10 @@ static void fill_block(uint8_t *p, uint64_t guest, uint64_t tag)
     memcpy(p, &h, sizeof(h));
 }
 
-/* An update call may end with a commit forced by the dirty limit, which
- * makes the state after the call durable */
+/*
+ * An update call may end with a commit forced by the dirty limit, which
+ * makes the state after the call durable
+ */
 static void wl_after_update(Workload *w, uint64_t gen, size_t from)
 {
     if (extree_generation(w->t) != gen) {
@@ -162,8 +166,10 @@ static void wl_after_update(Workload *w, uint64_t gen, size_t from)
     }
 }
 
-/* Allocate, write the data (unless @tag is 0), map: what a guest write
- * does */
+/*
+ * Allocate, write the data (unless @tag is 0), map: what a guest write
+ * does
+ */
 static void wl_insert(Workload *w, uint64_t blk, uint64_t n, bool data)
 {
     uint64_t guest = blk * BS, left = n * BS;
@@ -288,8 +294,10 @@ static void wl_mixed(Workload *w)
     wl_commit(w);
 }
 
-/* Data at the end of the file is freed: a later commit lowers host_end
- * and truncates the file; then the file grows again */
+/*
+ * Data at the end of the file is freed: a later commit lowers host_end
+ * and truncates the file; then the file grows again
+ */
 static void wl_shrink(Workload *w)
 {
     wl_insert(w, 0, (4 << 20) / BS, true);
@@ -502,8 +510,10 @@ static void test_enumerate(gconstpointer opaque)
     wl_free(&w);
 }
 
-/* A crash while the image is being created: it either does not open, or
- * opens empty and clean */
+/*
+ * A crash while the image is being created: it either does not open, or
+ * opens empty and clean
+ */
 static void test_create(void)
 {
     ExtreeBackend *be = extree_mem_backend_new();
@@ -555,8 +565,10 @@ static void test_create(void)
 
 /* ---- failed I/O during commit ---- */
 
-/* An image with a committed state S0 plus an open handle with uncommitted
- * changes on top, applied identically every time */
+/*
+ * An image with a committed state S0 plus an open handle with uncommitted
+ * changes on top, applied identically every time
+ */
 static Extree *fault_setup(ExtreeBackend *be, Model *s0, Model *s1)
 {
     ExtreeOpenOptions o = { 0 };
@@ -667,16 +679,20 @@ static void test_faults(void)
             expect_state(img, &s0, gen0, what, nth);
             extree_mem_backend_free(img);
 
-            /* Retrying once the device works again either fails or
-             * commits the changes */
+            /*
+             * Retrying once the device works again either fails or
+             * commits the changes
+             */
             ret = extree_commit(t);
             extree_close(t);
             if (ret == 0) {
                 expect_state(be, &s1, gen0 + 1, what, nth);
                 retried++;
             } else if (kind == 1 && nth == count - 1) {
-                /* The superblock write went through, only the flush after
-                 * it failed: the device holds the new state */
+                /*
+                 * The superblock write went through, only the flush after
+                 * it failed: the device holds the new state
+                 */
                 expect_state(be, &s1, gen0 + 1, what, nth);
             } else {
                 expect_state(be, &s0, gen0, what, nth);
@@ -757,9 +773,11 @@ static bool read_workload(Extree *t, Model *m, bool *failed)
     if (ret < 0) {
         g_assert_cmpint(ret, ==, -EIO);
         *failed = true;
-        /* An update that failed may have stopped half-way: the handle
+        /*
+         * An update that failed may have stopped half-way: the handle
          * must refuse further updates, and commit anything only if
-         * nothing was changed yet */
+         * nothing was changed yet
+         */
         if (!changing) {
             return false;
         }

@@ -62,9 +62,11 @@ static void test_random_and_chained(void)
     g_rand_free(r);
 }
 
-/* Every length around the sizes where the hardware version switches
+/*
+ * Every length around the sizes where the hardware version switches
  * between its three-stream blocks (3 x 4096, 3 x 256) and one stream, at
- * every alignment; in software too */
+ * every alignment; in software too
+ */
 static void test_block_boundaries(void)
 {
     size_t lens[] = { 0, 1, 7, 8, 9, 767, 768, 769, 775, 776, 1535, 1536,

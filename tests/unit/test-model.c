@@ -175,8 +175,10 @@ static void host_rebuild(Run *r)
     }
 }
 
-/* An allocation must be aligned, inside the data area, and touch neither
- * live data nor data the last commit still references */
+/*
+ * An allocation must be aligned, inside the data area, and touch neither
+ * live data nor data the last commit still references
+ */
 static void check_alloc(Run *r, uint64_t bytes, uint64_t host, uint64_t got)
 {
     if (got == 0 || got > bytes || got % r->bs || host % r->bs ||
@@ -314,8 +316,10 @@ static void check_tree(Run *r)
         fail(r, "checker: %" PRIu64 " free bytes, tree says %" PRIu64,
              res.free_bytes, extree_free_bytes(r->t));
     }
-    /* Free space must be reused: the file may not grow far beyond what the
-     * guest can map, plus metadata and one transaction's pending frees */
+    /*
+     * Free space must be reused: the file may not grow far beyond what the
+     * guest can map, plus metadata and one transaction's pending frees
+     */
     if (extree_host_end(r->t) > r->data_start + 4 * r->v->virtual_size +
                                 (64 << 20)) {
         fail(r, "host_end %" PRIu64 " MiB for a %" PRIu64 " MiB image (%"
@@ -571,8 +575,10 @@ static void one_op(Run *r)
     }
     r->n.max_extents = MAX(r->n.max_extents, r->extents);
 
-    /* The runs around the operation, then a random probe at a 512-byte
-     * aligned offset with a random limit (the cursor goes back and forth) */
+    /*
+     * The runs around the operation, then a random probe at a 512-byte
+     * aligned offset with a random limit (the cursor goes back and forth)
+     */
     check_range(r, blk ? (blk - 1) * r->bs : 0, (n + 2) * r->bs,
                 r->opno & 1);
     probe = model_rand_below(&r->rng, r->v->virtual_size / 512) * 512;
@@ -676,8 +682,10 @@ static const Variant variants[] = {
         .walk_every = 2000,
     },
     {
-        /* Small blocks and nodes, short operations and a small cache:
-         * many items, a deep tree, constant eviction */
+        /*
+         * Small blocks and nodes, short operations and a small cache:
+         * many items, a deep tree, constant eviction
+         */
         .name = "512-4k-deep",
         .virtual_size = 32 << 20,
         .block_size = 512, .node_size = 4096,
@@ -687,9 +695,11 @@ static const Variant variants[] = {
         .walk_every = 5000,
     },
     {
-        /* A virtual size that ends inside a block, and the smallest dirty
+        /*
+         * A virtual size that ends inside a block, and the smallest dirty
          * limit (16 nodes) over a tree of some 40 leaves: commits are
-         * forced every few operations */
+         * forced every few operations
+         */
         .name = "4k-4k-forced",
         .virtual_size = (64 << 20) + 1536,
         .block_size = 4096, .node_size = 4096,

@@ -192,8 +192,10 @@ static void on_corrupt(void *opaque, uint64_t offset, const char *msg)
     s->msg = g_strdup(msg);
 }
 
-/* Damage on disk: -EIO and one message naming the structure and offset,
- * never a crash */
+/*
+ * Damage on disk: -EIO and one message naming the structure and offset,
+ * never a crash
+ */
 static void test_corrupt_reporting(void)
 {
     ExtreeBackend *be = ct_create(1 << 22, BS, NS);

@@ -110,8 +110,10 @@ static void test_torn_super(void)
     g_assert_cmpint(extree_commit(t), ==, 0);          /* gen 2, slot 0 */
     ct_write(t, 50 * BS, 4 * BS);
     g_assert_cmpint(extree_punch(t, 0, 4 * BS), ==, 0);
-    /* gen 3 into slot 1, and the crash comes before the flush after it:
-     * a durable commit would give back (discard) what gen 2 uses */
+    /*
+     * gen 3 into slot 1, and the crash comes before the flush after it:
+     * a durable commit would give back (discard) what gen 2 uses
+     */
     extree_mem_backend_inject_fault(be, EXTREE_FAULT_FLUSH, 1, false);
     g_assert_cmpint(extree_commit(t), ==, -EIO);
     extree_close(t);
@@ -452,8 +454,10 @@ static void test_dirty_limit_off(void)
     extree_mem_backend_free(be);
 }
 
-/* Log index of the first flush after the last superblock write of the
- * log, i.e. where the last commit became durable */
+/*
+ * Log index of the first flush after the last superblock write of the
+ * log, i.e. where the last commit became durable
+ */
 static size_t log_durable_at(ExtreeBackend *be)
 {
     size_t len = extree_mem_backend_log_length(be), sb = SIZE_MAX;
@@ -483,8 +487,10 @@ static bool all_zero(ExtreeBackend *be, uint64_t off, uint64_t len)
     return zero;
 }
 
-/* Discards in the log after the point where its last commit was durable
- * (none before it), added up over [lo, hi) */
+/*
+ * Discards in the log after the point where its last commit was durable
+ * (none before it), added up over [lo, hi)
+ */
 static uint64_t logged_discards(ExtreeBackend *be, uint64_t lo, uint64_t hi)
 {
     size_t durable = log_durable_at(be);
@@ -552,8 +558,10 @@ static void test_discard_after_commit(void)
     commit_recorded(be, t);
     g_assert_cmpuint(logged_discards(be, old_root, old_root + NS), ==, 0);
 
-    /* a tree of 100 leaves collapses: their run of node space goes after
-     * the commit that follows */
+    /*
+     * a tree of 100 leaves collapses: their run of node space goes after
+     * the commit that follows
+     */
     for (int i = 0; i < 12000; i++) {
         ct_write(t, (uint64_t)(4000 + 2 * i) * BS, BS);
     }
@@ -640,8 +648,10 @@ static void test_trim_tail(void)
     g_assert_cmpuint(extree_host_end(t), >, end_trimmed);
     ct_check_clean(t, NULL);
 
-    /* the same without truncate and discard: host_end still goes down,
-     * the file stays as long as it was */
+    /*
+     * the same without truncate and discard: host_end still goes down,
+     * the file stays as long as it was
+     */
     g_assert_cmpint(extree_punch(t, 1024 * BS, 512 * BS), ==, 0);
     g_assert_cmpint(extree_commit(t), ==, 0);
     end_full = extree_host_end(t);
@@ -843,8 +853,10 @@ static char *cr_compare(ExtreeBackend *img, Extree *t, const CrState *s)
     return diff;
 }
 
-/* Every prefix of the log, every crash mode: a complete state, the newest
- * durable one or a newer one whose superblock survived, clean */
+/*
+ * Every prefix of the log, every crash mode: a complete state, the newest
+ * durable one or a newer one whose superblock survived, clean
+ */
 static void cr_enumerate(CrWork *w, const char *what)
 {
     size_t len = extree_mem_backend_log_length(w->be);
@@ -873,8 +885,10 @@ static void cr_enumerate(CrWork *w, const char *what)
                         hi = i;
                     }
                 }
-                /* read-only: a damaged free tree does not matter; the
-                 * checker reads it */
+                /*
+                 * read-only: a damaged free tree does not matter; the
+                 * checker reads it
+                 */
                 if (extree_open(img, &(ExtreeOpenOptions){ .read_only = true },
                                 &t, &err) < 0) {
                     g_error("%s: prefix %zu mode %d: open: %s", what, p,
@@ -988,8 +1002,10 @@ static void test_trim_discard_crash(void)
     g_rand_free(r);
 }
 
-/* D2: a crash while the checker rebuilds the free tree or clears the
- * corrupt bit leaves the damaged state or the repaired one */
+/*
+ * D2: a crash while the checker rebuilds the free tree or clears the
+ * corrupt bit leaves the damaged state or the repaired one
+ */
 static void test_rebuild_crash(void)
 {
     ExtreeOpenOptions rep = { .repair = true };
