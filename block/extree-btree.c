@@ -1112,20 +1112,21 @@ static bool run_joins(int coalesce, const ExtreeItem *cur, const ExtreeItem *nx)
     return mergeable(cur, nx);
 }
 
-int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
-                        int coalesce, ExtreeRun *run)
+/*
+ * The general query: seek (forward or one descent), then coalesce across
+ * items and leaves.  @limit is the already clamped end of the query.
+ */
+static int __attribute__((noinline))
+cursor_query_slow(ExtreeCursor *c, uint64_t guest, uint64_t limit,
+                  int coalesce, ExtreeRun *run)
 {
     Extree *t = c->t;
     ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
-    uint64_t limit, end;
+    uint64_t end;
     ExtreeNode *n;
     ExtreeItem cur;
     int slot, nr, ret;
 
-    if (guest >= t->virtual_size || max_bytes == 0) {
-        return -EINVAL;
-    }
-    limit = guest + MIN(max_bytes, t->virtual_size - guest);
     ret = cursor_seek(c, guest);
     if (ret < 0) {
         extree_cursor_release(c);
@@ -1179,6 +1180,71 @@ int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
     run->length = end - guest;
     c->pos = end;
     return 0;
+}
+
+/*
+ * One query.  Fast path: the cursor is still valid and the answer is the
+ * item (or the hole before it) at or a few slots after its position on the
+ * same leaf, and that answer does not continue into the next item (the
+ * next item is not adjacent, or the run reaches @limit).  Everything else
+ * (leaf ends, adjacent items that may coalesce, stale cursor) takes the
+ * general path, which gives the same answer and cursor state.
+ */
+int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
+                        int coalesce, ExtreeRun *run)
+{
+    const Extree *t = c->t;
+    uint64_t vsize = t->virtual_size;
+    uint64_t limit, key, end;
+    const ExtreeNode *n;
+    int slot, nr;
+
+    if (guest >= vsize || max_bytes == 0) {
+        return -EINVAL;
+    }
+    limit = max_bytes < vsize - guest ? guest + max_bytes : vsize;
+    if (__builtin_expect(c->valid && c->seq == t->seq && guest >= c->pos, 1)) {
+        n = c->path.nodes[0];
+        nr = node_nritems(n);
+        slot = c->path.slots[0];
+        while (slot < nr && leaf_key(n, slot) + leaf_len(n, slot) <= guest) {
+            slot++;
+        }
+        c->path.slots[0] = slot;
+        if (slot < nr) {
+            const uint8_t *p = node_item(n, slot, EXT_LEAF_ISZ);
+
+            key = ext_ld64(p);
+            if (key > guest) {
+                end = MIN(key, limit);
+                run->type = EXTREE_RUN_UNALLOC;
+                run->host = 0;
+                goto done;
+            }
+            end = key + ext_ld64(p + 8);
+            if (end >= limit) {
+                end = limit;
+            } else if (slot + 1 < nr && leaf_key(n, slot + 1) != end) {
+                slot++;
+            } else {
+                return cursor_query_slow(c, guest, limit, coalesce, run);
+            }
+            if (ext_ld32(p + 24) == EXTREE_ITEM_DATA) {
+                run->type = EXTREE_RUN_DATA;
+                run->host = ext_ld64(p + 16) + (guest - key);
+            } else {
+                run->type = EXTREE_RUN_ZERO;
+                run->host = 0;
+            }
+            c->path.slots[0] = slot;
+done:
+            run->guest = guest;
+            run->length = end - guest;
+            c->pos = end;
+            return 0;
+        }
+    }
+    return cursor_query_slow(c, guest, limit, coalesce, run);
 }
 
 int extree_lookup(Extree *t, uint64_t guest, uint64_t bytes, ExtreeRun *runs,

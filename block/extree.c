@@ -346,9 +346,11 @@ static void coroutine_mixed_fn extree_handle_corruption(BDRVExtreeState *s)
 
 /* ---- Lock, commit gate, commits ---- */
 
-static void coroutine_fn extree_unlock(BDRVExtreeState *s)
+static inline void coroutine_fn extree_unlock(BDRVExtreeState *s)
 {
-    extree_handle_corruption(s);
+    if (unlikely(s->corrupt_pending)) {
+        extree_handle_corruption(s);
+    }
     qemu_co_mutex_unlock(&s->lock);
 }
 
