@@ -1046,6 +1046,22 @@ void extree_cursor_release(ExtreeCursor *c)
 }
 
 /*
+ * Move the cursor's leaf slot past the items that end at or before @guest;
+ * returns the new slot (== @nr when the leaf has no such item left)
+ */
+static inline int cursor_skip_ended(ExtreeCursor *c, const ExtreeNode *n,
+                                    int nr, uint64_t guest)
+{
+    int slot = c->path.slots[0];
+
+    while (slot < nr && leaf_key(n, slot) + leaf_len(n, slot) <= guest) {
+        slot++;
+    }
+    c->path.slots[0] = slot;
+    return slot;
+}
+
+/*
  * Put slots[0] on the first item that ends after @guest (or past the last
  * item of the last leaf).  Forward from the current position when it is
  * still valid and at most two leaves away, else one descent.
@@ -1061,11 +1077,7 @@ static int cursor_seek(ExtreeCursor *c, uint64_t guest)
         for (int hops = 0; ; hops++) {
             n = c->path.nodes[0];
             nr = node_nritems(n);
-            slot = c->path.slots[0];
-            while (slot < nr && leaf_key(n, slot) + leaf_len(n, slot) <= guest) {
-                slot++;
-            }
-            c->path.slots[0] = slot;
+            slot = cursor_skip_ended(c, n, nr, guest);
             if (slot < nr) {
                 return 0;
             }
@@ -1206,11 +1218,7 @@ int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
     if (__builtin_expect(c->valid && c->seq == t->seq && guest >= c->pos, 1)) {
         n = c->path.nodes[0];
         nr = node_nritems(n);
-        slot = c->path.slots[0];
-        while (slot < nr && leaf_key(n, slot) + leaf_len(n, slot) <= guest) {
-            slot++;
-        }
-        c->path.slots[0] = slot;
+        slot = cursor_skip_ended(c, n, nr, guest);
         if (slot < nr) {
             const uint8_t *p = node_item(n, slot, EXT_LEAF_ISZ);
 
