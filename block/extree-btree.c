@@ -1207,7 +1207,7 @@ int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
 {
     const Extree *t = c->t;
     uint64_t vsize = t->virtual_size;
-    uint64_t limit, key, end;
+    uint64_t limit, end;
     const ExtreeNode *n;
     int slot, nr;
 
@@ -1220,16 +1220,16 @@ int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
         nr = node_nritems(n);
         slot = cursor_skip_ended(c, n, nr, guest);
         if (slot < nr) {
-            const uint8_t *p = node_item(n, slot, EXT_LEAF_ISZ);
+            ExtreeItem it;
 
-            key = ext_ld64(p);
-            if (key > guest) {
-                end = MIN(key, limit);
+            leaf_get(n, slot, &it);
+            if (it.key > guest) {
+                end = MIN(it.key, limit);
                 run->type = EXTREE_RUN_UNALLOC;
                 run->host = 0;
                 goto done;
             }
-            end = key + ext_ld64(p + 8);
+            end = it.key + it.length;
             if (end >= limit) {
                 end = limit;
             } else if (slot + 1 < nr && leaf_key(n, slot + 1) != end) {
@@ -1237,9 +1237,9 @@ int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
             } else {
                 return cursor_query_slow(c, guest, limit, coalesce, run);
             }
-            if (ext_ld32(p + 24) == EXTREE_ITEM_DATA) {
+            if (it.type == EXTREE_ITEM_DATA) {
                 run->type = EXTREE_RUN_DATA;
-                run->host = ext_ld64(p + 16) + (guest - key);
+                run->host = it.host + (guest - it.key);
             } else {
                 run->type = EXTREE_RUN_ZERO;
                 run->host = 0;
