@@ -1195,64 +1195,99 @@ cursor_query_slow(ExtreeCursor *c, uint64_t guest, uint64_t limit,
 }
 
 /*
- * One query.  Fast path: the cursor is still valid and the answer is the
+ * The query's fast path: the cursor is still valid and the answer is the
  * item (or the hole before it) at or a few slots after its position on the
  * same leaf, and that answer does not continue into the next item (the
  * next item is not adjacent, or the run reaches @limit).  Everything else
- * (leaf ends, adjacent items that may coalesce, stale cursor) takes the
- * general path, which gives the same answer and cursor state.
+ * (leaf ends, adjacent items that may coalesce, stale cursor) returns
+ * -EAGAIN for the general path, which gives the same answer and cursor
+ * state.  Reads only the cursor's pinned leaf: no I/O, no allocation.
  */
-int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
-                        int coalesce, ExtreeRun *run)
+static inline int cursor_query_fast(ExtreeCursor *c, uint64_t guest,
+                                    uint64_t limit, ExtreeRun *run)
 {
     const Extree *t = c->t;
-    uint64_t vsize = t->virtual_size;
-    uint64_t limit, end;
     const ExtreeNode *n;
+    ExtreeItem it;
+    uint64_t end;
     int slot, nr;
+
+    if (!c->valid || c->seq != t->seq || guest < c->pos) {
+        return -EAGAIN;
+    }
+    n = c->path.nodes[0];
+    nr = node_nritems(n);
+    slot = cursor_skip_ended(c, n, nr, guest);
+    if (slot >= nr) {
+        return -EAGAIN;
+    }
+    leaf_get(n, slot, &it);
+    if (it.key > guest) {
+        end = MIN(it.key, limit);
+        run->type = EXTREE_RUN_UNALLOC;
+        run->host = 0;
+    } else {
+        end = it.key + it.length;
+        if (end >= limit) {
+            end = limit;
+        } else if (slot + 1 < nr && leaf_key(n, slot + 1) != end) {
+            slot++;
+        } else {
+            return -EAGAIN;
+        }
+        if (it.type == EXTREE_ITEM_DATA) {
+            run->type = EXTREE_RUN_DATA;
+            run->host = it.host + (guest - it.key);
+        } else {
+            run->type = EXTREE_RUN_ZERO;
+            run->host = 0;
+        }
+        c->path.slots[0] = slot;
+    }
+    run->guest = guest;
+    run->length = end - guest;
+    c->pos = end;
+    return 0;
+}
+
+static inline int query_limit(const ExtreeCursor *c, uint64_t guest,
+                              uint64_t max_bytes, uint64_t *limit)
+{
+    uint64_t vsize = c->t->virtual_size;
 
     if (guest >= vsize || max_bytes == 0) {
         return -EINVAL;
     }
-    limit = max_bytes < vsize - guest ? guest + max_bytes : vsize;
-    if (__builtin_expect(c->valid && c->seq == t->seq && guest >= c->pos, 1)) {
-        n = c->path.nodes[0];
-        nr = node_nritems(n);
-        slot = cursor_skip_ended(c, n, nr, guest);
-        if (slot < nr) {
-            ExtreeItem it;
+    *limit = max_bytes < vsize - guest ? guest + max_bytes : vsize;
+    return 0;
+}
 
-            leaf_get(n, slot, &it);
-            if (it.key > guest) {
-                end = MIN(it.key, limit);
-                run->type = EXTREE_RUN_UNALLOC;
-                run->host = 0;
-                goto done;
-            }
-            end = it.key + it.length;
-            if (end >= limit) {
-                end = limit;
-            } else if (slot + 1 < nr && leaf_key(n, slot + 1) != end) {
-                slot++;
-            } else {
-                return cursor_query_slow(c, guest, limit, coalesce, run);
-            }
-            if (it.type == EXTREE_ITEM_DATA) {
-                run->type = EXTREE_RUN_DATA;
-                run->host = it.host + (guest - it.key);
-            } else {
-                run->type = EXTREE_RUN_ZERO;
-                run->host = 0;
-            }
-            c->path.slots[0] = slot;
-done:
-            run->guest = guest;
-            run->length = end - guest;
-            c->pos = end;
-            return 0;
-        }
+int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
+                        int coalesce, ExtreeRun *run)
+{
+    uint64_t limit;
+    int ret = query_limit(c, guest, max_bytes, &limit);
+
+    if (ret < 0) {
+        return ret;
+    }
+    ret = cursor_query_fast(c, guest, limit, run);
+    if (__builtin_expect(ret == 0, 1)) {
+        return 0;
     }
     return cursor_query_slow(c, guest, limit, coalesce, run);
+}
+
+int extree_cursor_query_cached(ExtreeCursor *c, uint64_t guest,
+                               uint64_t max_bytes, ExtreeRun *run)
+{
+    uint64_t limit;
+    int ret = query_limit(c, guest, max_bytes, &limit);
+
+    if (ret < 0) {
+        return ret;
+    }
+    return cursor_query_fast(c, guest, limit, run);
 }
 
 int extree_lookup(Extree *t, uint64_t guest, uint64_t bytes, ExtreeRun *runs,

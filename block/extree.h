@@ -272,6 +272,17 @@ int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
                         int coalesce, ExtreeRun *run);
 
 /*
+ * The same answer and cursor state as extree_cursor_query() when the
+ * answer lies on the cursor's current leaf and needs no coalescing (so
+ * either @coalesce gives it); otherwise -EAGAIN with the answer unset.
+ * Reads nothing but the cursor's pinned leaf: never does I/O, never calls
+ * the backend, never allocates, so a caller may run it under a lock that
+ * must not be held across I/O.  -EINVAL as extree_cursor_query().
+ */
+int extree_cursor_query_cached(ExtreeCursor *c, uint64_t guest,
+                               uint64_t max_bytes, ExtreeRun *run);
+
+/*
  * Consecutive runs (COALESCE_HOST) covering [guest, guest + bytes), at most
  * @max_runs of them; *nruns is set to the number filled in.
  */

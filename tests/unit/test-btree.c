@@ -276,6 +276,79 @@ static void test_cursor_invalidation(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * The cached query answers a forward walk on the cursor's leaf and declines
+ * (-EAGAIN, cursor and answer untouched) whatever needs the general path:
+ * a fresh or stale cursor, a backward query, a leaf end, adjacent items.
+ * It never reads a node.
+ */
+static void test_cursor_query_cached(void)
+{
+    ExtreeBackend *be = ct_create(4000 * BS, BS, NS);
+    Extree *t = ct_open_opts(be, false, 64 * NS, 0);
+    ExtreeStats st0, st1;
+    ExtreeCursor c;
+    ExtreeRun run, full;
+    uint64_t g = 0, vs = 4000 * BS;
+    int cached = 0, declined = 0;
+
+    for (int i = 0; i < 1000; i++) {
+        ct_write(t, 4 * i * BS, BS);
+    }
+    extree_cursor_init(&c, t);
+    g_assert_cmpint(extree_cursor_query_cached(&c, 0, vs, &run), ==, -EAGAIN);
+    while (g < vs) {
+        int ret;
+
+        extree_stats(t, &st0);
+        ret = extree_cursor_query_cached(&c, g, vs - g, &run);
+        extree_stats(t, &st1);
+        g_assert_cmpuint(st1.cache_misses, ==, st0.cache_misses);
+        g_assert_cmpuint(st1.cache_hits, ==, st0.cache_hits);
+        if (ret == -EAGAIN) {
+            declined++;
+            ret = extree_cursor_query(&c, g, vs - g, 0, &run);
+        } else {
+            cached++;
+            /* the same answer from a fresh cursor */
+            ExtreeCursor c2;
+            extree_cursor_init(&c2, t);
+            g_assert_cmpint(extree_cursor_query(&c2, g, vs - g, 0, &full),
+                            ==, 0);
+            extree_cursor_release(&c2);
+            g_assert_cmpint(full.type, ==, run.type);
+            g_assert_cmpuint(full.length, ==, run.length);
+            g_assert_cmphex(full.host, ==, run.host);
+        }
+        g_assert_cmpint(ret, ==, 0);
+        g_assert_cmpuint(run.guest, ==, g);
+        g_assert_cmpint(run.type, ==, (g / BS) % 4 ? EXTREE_RUN_UNALLOC
+                                                   : EXTREE_RUN_DATA);
+        g_assert_cmpuint(run.length, ==, (g / BS) % 4 ? 3 * BS : BS);
+        g += run.length;
+    }
+    /* 2000 runs; the general path only at leaf ends (126 items a leaf) */
+    g_assert_cmpint(cached + declined, ==, 2000);
+    g_assert_cmpint(declined, <, 40);
+    /* backwards and past the end */
+    g_assert_cmpint(extree_cursor_query_cached(&c, 0, BS, &run), ==, -EAGAIN);
+    g_assert_cmpint(extree_cursor_query_cached(&c, vs, 1, &run), ==, -EINVAL);
+    /* a change makes the cursor stale */
+    g_assert_cmpint(extree_cursor_query(&c, 0, BS, 0, &run), ==, 0);
+    ct_write(t, 2 * BS, BS);
+    g_assert_cmpint(extree_cursor_query_cached(&c, BS, BS, &run), ==, -EAGAIN);
+    /* adjacent items may coalesce: declined */
+    g_assert_cmpint(extree_cursor_query(&c, BS, BS, 0, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_UNALLOC);
+    ct_write(t, 3 * BS, BS);
+    g_assert_cmpint(extree_cursor_query(&c, 0, BS, 0, &run), ==, 0);
+    g_assert_cmpint(extree_cursor_query_cached(&c, 2 * BS, vs, &run), ==,
+                    -EAGAIN);
+    extree_cursor_release(&c);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 /* COALESCE_ALLOC joins DATA and ZERO neighbours; lookup splits runs */
 static void test_coalesce_and_lookup(void)
 {
@@ -419,6 +492,7 @@ int main(int argc, char **argv)
     g_test_add_func("/btree/skewed-keys", test_skewed_keys);
     g_test_add_func("/btree/coalesce-and-lookup", test_coalesce_and_lookup);
     g_test_add_func("/btree/cursor-invalidation", test_cursor_invalidation);
+    g_test_add_func("/btree/cursor-query-cached", test_cursor_query_cached);
     g_test_add_func("/btree/sequential-fill", test_sequential_fill);
     g_test_add_func("/btree/walk-reads-each-leaf-once",
                     test_walk_reads_each_leaf_once);
