@@ -366,6 +366,10 @@ static void coroutine_mixed_fn extree_handle_corruption(BDRVExtreeState *s)
  */
 static inline void extree_status_exclude(BDRVExtreeState *s)
 {
+    /*
+     * Our lock.locked store before the status_busy load; pairs with
+     * smp_mb__after_rmw() in extree_co_block_status()
+     */
     smp_mb();
     while (unlikely(qatomic_read(&s->status_busy))) {
         cpu_relax();
@@ -1757,6 +1761,7 @@ extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
 
     ret = -EAGAIN;
     if (qatomic_cmpxchg(&s->status_busy, 0, 1) == 0) {
+        /* status_busy store before the lock.locked load (Dekker) */
         smp_mb__after_rmw();
         if (!qatomic_read(&s->lock.locked)) {
             ret = extree_cursor_query_cached(&s->status_cursor, offset, bytes,
