@@ -342,9 +342,25 @@ def section(run, top):
     if run.div != 1:
         title += f" (sizes divided by {run.div})"
     out += [title, "=" * len(title), ""]
-    out.append(f"Measured {m['started']} with ``{m['command']}`` "
-               f"({m['runs']} runs, each cold and warm; "
-               f"{m.get('duration_s', '?')} s in all).")
+    parts = m.get("parts") or []
+    if len(parts) <= 1:
+        out.append(f"Measured {m['started']} with ``{m['command']}`` "
+                   f"({m['runs']} runs, each cold and warm; "
+                   f"{m.get('duration_s', '?')} s in all).")
+    else:
+        out.append(f"Measured in {len(parts)} parts (``--append``), "
+                   f"{m['runs']} runs each, cold and warm, "
+                   f"{m.get('duration_s', '?')} s in all:")
+        out.append("")
+        for p in parts:
+            out.append(wrap(
+                f"{p['started']}: ``{p['command']}`` "
+                f"({p.get('duration_s', '?')} s; load average "
+                f"{' '.join(p.get('loadavg_start') or ['?'])} at the "
+                f"start, {' '.join(p.get('loadavg_end') or ['?'])} at the "
+                f"end; qemu-img sha256 "
+                f"``{(p.get('qemu_img_sha256') or '?')[:16]}…``)",
+                "  ", "- "))
     out.append("")
     free = m["free_g"].strip().splitlines()
     mem = free[1].split()[1] if len(free) > 1 else "?"

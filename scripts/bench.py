@@ -243,18 +243,50 @@ def free_bytes(path):
 # ---------------------------------------------------------------- output
 
 class Out:
-    def __init__(self, resdir):
+    def __init__(self, resdir, now=None):
+        """now: the (scenario, measure) pairs measured now; with it, the
+        rows earlier runs left in resdir for other pairs are kept
+        (--append).  Images of the scenarios measured now are rebuilt."""
         os.makedirs(os.path.join(resdir, "logs"), exist_ok=True)
         self.resdir = resdir
         self.files = {}
+        self.runs = []
+        self.skips = []    # (scenario, format, measure, reason)
+        kept = {}
+        if now is not None:
+            scen = {sc for sc, _ in now}
+
+            def stale(name, r):
+                sc = r["scenario"]
+                if name == "images":
+                    return sc in scen
+                if name == "callgrind":
+                    return (sc, "callgrind") in now
+                if name == "summary" and r["measure"] in ("*", "verify"):
+                    return sc in scen
+                return (sc, r["measure"]) in now
+
+            for name in ("runs", "images", "callgrind", "summary"):
+                path = os.path.join(resdir, f"{name}.csv")
+                rows = []
+                if os.path.exists(path):
+                    with open(path, newline="") as f:
+                        rows = [r for r in csv.DictReader(f)
+                                if not stale(name, r)]
+                kept[name] = rows
+            self.runs = list(kept["runs"])
+            self.skips = [(r["scenario"], r["format"], r["measure"],
+                           r["note"]) for r in kept["summary"]
+                          if r["status"] == "skipped"]
         for name, fields in (("runs", RUN_FIELDS), ("images", IMAGE_FIELDS),
                              ("callgrind", CG_FIELDS)):
             f = open(os.path.join(resdir, f"{name}.csv"), "w", newline="")
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
+            for r in kept.get(name, []):
+                w.writerow({k: r.get(k, "") for k in fields})
+            f.flush()
             self.files[name] = (f, w)
-        self.runs = []
-        self.skips = []    # (scenario, format, measure, reason)
 
     def row(self, name, d):
         f, w = self.files[name]
@@ -749,6 +781,36 @@ def run_scenario(name):
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+PART_KEYS = ("command", "started", "duration_s", "scenarios", "formats",
+             "measures", "runs", "bench_secs", "loadavg_start",
+             "loadavg_end", "qemu_img_sha256", "qemu_io_sha256")
+
+
+def merge_meta(old, new, all_names):
+    """The meta of one run, or of several parts (--append): the last part's
+    machine description, every part's command, time, load and binary under
+    "parts", and the union of what was measured."""
+    part = {k: new.get(k) for k in PART_KEYS}
+    if not old:
+        new["parts"] = [part]
+        return new
+    parts = (old.get("parts") or [{k: old.get(k) for k in PART_KEYS}]) + \
+        [part]
+    merged = dict(new)
+    merged["parts"] = parts
+    have = {s for p in parts for s in p["scenarios"]}
+    merged["scenarios"] = [n for n in all_names if n in have]
+    fm = {f for p in parts for f in p["formats"]}
+    merged["formats"] = [f for f in ALL_FORMATS if f in fm]
+    merged["runs"] = min(p["runs"] for p in parts)
+    merged["command"] = " ; ".join(p["command"] for p in parts)
+    merged["started"] = parts[0]["started"]
+    merged["duration_s"] = sum(p["duration_s"] or 0 for p in parts)
+    merged["extree_driver"] = new["extree_driver"] and \
+        old.get("extree_driver", False)
+    return merged
+
+
 def first_line(argv):
     try:
         r = subprocess.run(argv, capture_output=True, text=True)
@@ -786,6 +848,7 @@ def main():
     ap.add_argument("--build-cache", default="none")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--cmdline", default="")
+    ap.add_argument("--append", action="store_true")
     ARGS = ap.parse_args()
     DIV = images.parse_scale(ARGS.scale)
     ARGS.mnt = os.path.join(ARGS.dir, "mnt")
@@ -817,7 +880,15 @@ def main():
                      f"{', '.join(ALL_MEASURES)}")
     sname = images.scale_name(DIV).replace("/", "-")
     resdir = os.path.join(ARGS.dir, "results", sname)
-    if os.path.isdir(resdir):
+    old_meta = None
+    if ARGS.append and os.path.exists(os.path.join(resdir, "meta.json")):
+        with open(os.path.join(resdir, "meta.json")) as f:
+            old_meta = json.load(f)
+        if old_meta.get("qemu_img_sha256") != sha256(
+                os.path.join(ARGS.top, "build", "qemu", "qemu-img")):
+            log("note: build/qemu/qemu-img changed since the earlier parts "
+                "of these results; each part records its own binary")
+    elif os.path.isdir(resdir):
         shutil.rmtree(resdir)
     os.makedirs(ARGS.workdir, exist_ok=True)
     CHILD_ENV = dict(os.environ, LC_ALL="C")
@@ -847,7 +918,8 @@ def main():
     CONVERT_TARGET = os.path.join(ARGS.mnt, ARGS.image_fs,
                                   "convert-target.raw")
 
-    OUT = Out(resdir)
+    OUT = Out(resdir, now={(sc, m) for sc in scen for m in measures_for(sc)}
+              if old_meta else None)
     IMAGES_CSV_PATH = os.path.join(resdir, "images.csv")
     verfile = os.path.join(ARGS.top, "build", "qemu-version.txt")
     meta = {
@@ -897,6 +969,7 @@ def main():
     finally:
         meta["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
         meta["duration_s"] = round(time.time() - t_start)
+        meta = merge_meta(old_meta, meta, all_names)
         with open(os.path.join(resdir, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
         OUT.summary()

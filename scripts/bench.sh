@@ -37,13 +37,17 @@ usage: scripts/bench.sh [options]            (or: make bench BENCH_ARGS="...")
   --max-image-gib G  skip an image needing more host space than this (32)
   --keep             keep the filesystem images under DIR/fs after the run
   --no-report        do not run scripts/bench-report.py afterwards
+  --append           add to the results of earlier runs at this scale
+                     instead of starting afresh: rows of the scenarios
+                     measured now replace theirs, the others stay (a full
+                     run can be made in parts, e.g. --scenarios SCALE)
 EOF
 }
 
 die() { echo "bench: error: $*" >&2; exit 1; }
 
 scale=full runs=5 scenarios=all formats=all measures='' dir=$top/build/bench
-image_fs=xfs bench_secs='' max_gib=32 keep=0 report=1
+image_fs=xfs bench_secs='' max_gib=32 keep=0 report=1 append=0
 while [ $# -gt 0 ]; do
     case $1 in
         --scale) scale=${2:?}; shift 2 ;;
@@ -57,6 +61,7 @@ while [ $# -gt 0 ]; do
         --max-image-gib) max_gib=${2:?}; shift 2 ;;
         --keep) keep=1; shift ;;
         --no-report) report=0; shift ;;
+        --append) append=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown option $1" ;;
     esac
@@ -188,6 +193,7 @@ pyargs=(--top "$top" --dir "$dir" --scale "$scale" --runs "$runs"
         --max-image-gib "$max_gib" --cmdline "$cmdline")
 [ -n "$measures" ] && pyargs+=(--measures "$measures")
 [ -n "$bench_secs" ] && pyargs+=(--bench-secs "$bench_secs")
+[ "$append" = 1 ] && pyargs+=(--append)
 $py "$top/scripts/bench.py" "${pyargs[@]}" &
 child=$!
 rc=0
