@@ -73,11 +73,13 @@ void extree_mem_backend_log_entry(ExtreeBackend *be, size_t i,
 typedef enum ExtreeCrashMode {
     EXTREE_CRASH_KEEP,          /* all of them reached the disk, in order */
     EXTREE_CRASH_DROP,          /* none of them did */
-    EXTREE_CRASH_TEAR,          /* each 512-byte sector of each write (and
-                                 * each truncate/discard) independently did
-                                 * or did not */
-    EXTREE_CRASH_GARBAGE,       /* as TEAR, but a sector may also end up
-                                 * holding garbage */
+    /*
+     * each 512-byte sector of each write (and each truncate/discard)
+     * independently did or did not
+     */
+    EXTREE_CRASH_TEAR,
+    /* as TEAR, but a sector may also end up holding garbage */
+    EXTREE_CRASH_GARBAGE,
 } ExtreeCrashMode;
 
 /*

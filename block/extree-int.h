@@ -179,8 +179,10 @@ typedef struct ExtreeNodeExpect {
     uint64_t generation;        /* from the parent pointer or superblock */
     bool has_first_key;
     uint64_t first_key;         /* parent's key for this child */
-    uint64_t key_end;           /* every item ends <= this (next parent
-                                 * key), UINT64_MAX for the last child */
+    /*
+     * every item ends <= this (next parent key), UINT64_MAX for the last child
+     */
+    uint64_t key_end;
 } ExtreeNodeExpect;
 
 /* One tree: extent or free */
@@ -224,17 +226,22 @@ typedef struct ExtreeFindCache {
 struct Extree {
     ExtreeBackend *be;
     bool read_only;
-    bool broken;                /* a failed commit left memory inconsistent,
-                                 * or marked corrupt: refuse updates */
+    /*
+     * a failed commit left memory inconsistent, or marked corrupt:
+     * refuse updates
+     */
+    bool broken;
     bool repair;                /* opened for the checker (repair option) */
     uint32_t block_size, node_size;
     int leaf_cap, ptr_cap;
     uint64_t virtual_size, host_end, data_start;
-    uint64_t sb_host_end;       /* host_end of the last committed state:
-                                 * nodes read from disk lie below it */
+    /*
+     * host_end of the last committed state: nodes read from disk lie below it
+     */
+    uint64_t sb_host_end;
     uint64_t generation;        /* last committed superblock */
-    uint64_t trans_gen;         /* generation + 1: nodes of this
-                                 * transaction carry it and are writable */
+    /* generation + 1: nodes of this transaction carry it and are writable */
+    uint64_t trans_gen;
     uint64_t incompat, compat;
     char *backing_file, *backing_fmt;
     bool super_dirty;
@@ -253,8 +260,8 @@ struct Extree {
     uint64_t cache_limit;       /* nodes */
     uint64_t dirty_limit;       /* nodes */
     uint64_t seq;               /* bumped by every tree change */
-    GPtrArray *spare_bufs;      /* node buffers for re-use: CoW allocates
-                                 * and frees one per copy */
+    /* node buffers for re-use: CoW allocates and frees one per copy */
+    GPtrArray *spare_bufs;
     uint8_t *bounce;            /* commit: consecutive nodes, one write */
     bool in_commit;
 
@@ -268,15 +275,15 @@ struct Extree {
     ExtreeFindCache fcache;
 
     /* Allocator (extree-alloc.c) */
-    bool alloc_loaded;          /* free space known: the free tree loaded
-                                 * (never for read-only handles) */
+    /* free space known: the free tree loaded (never for read-only handles) */
+    bool alloc_loaded;
     ExtreeRangeSet avail;       /* allocatable now */
     ExtreeRangeSet nfree;       /* allocatable now, freed node space */
     ExtreeRangeSet pending;     /* freed in this transaction */
     uint64_t resv_start, resv_end;  /* metadata reserve, free */
     bool resv_nfree;            /* ... taken from nfree */
-    GArray *oplog;              /* ExtreeAllocOp since the last free-tree
-                                 * sync */
+    /* ExtreeAllocOp since the last free-tree sync */
+    GArray *oplog;
     /*
      * What to discard after commit (ExtreeAllocOp): DATA and other space
      * freed in this transaction, at once; node space freed in it, after
@@ -284,10 +291,10 @@ struct Extree {
      * reused right away, a discard would only cost a hole to refill)
      */
     GArray *freed_data, *freed_nodes, *discard_later;
-    bool trimmed;               /* host_end lowered in this transaction:
-                                 * truncate after commit */
-    uint64_t check_clean_gen;   /* generation checked without unrepaired
-                                 * corruption, 0 if none */
+    /* host_end lowered in this transaction: truncate after commit */
+    bool trimmed;
+    /* generation checked without unrepaired corruption, 0 if none */
+    uint64_t check_clean_gen;
     char *open_warning;
 
     ExtreeStats stats;

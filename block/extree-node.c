@@ -308,8 +308,8 @@ static int leaf_item_check(Extree *t, uint32_t owner, const ExtreeItem *it,
  * Tree-checker: every header field and every item of a node image read
  * from @bytenr.  Nodes on disk belong to the last committed state: they
  * are checked against its host_end, which the running transaction may
- * have lowered (extree_alloc_trim_tail()) or raised.  On failure *@why says what (g_malloc'd), e.g.
- * "bad checksum, have 0x1234 expect 0x5678".
+ * have lowered (extree_alloc_trim_tail()) or raised.  On failure *@why
+ * says what (g_malloc'd), e.g. "bad checksum, have 0x1234 expect 0x5678".
  */
 int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
                          const ExtreeNodeExpect *e, char **why)

@@ -365,8 +365,10 @@ typedef struct ExtreeSkipped {
     bool skipped;               /* the slot is invalid */
     bool sum_ok;                /* ... but magic and checksum were right */
     uint64_t raw_gen;           /* its generation field, as stored */
-    char *why;                  /* "corrupt superblock at offset 0x..: ..;
-                                 * slot skipped, ..." (g_malloc'd) */
+    /*
+     * "corrupt superblock at offset 0x..: ..; slot skipped, ..." (g_malloc'd)
+     */
+    char *why;
 } ExtreeSkipped;
 
 /*

@@ -6,11 +6,11 @@
  * the tools see; the layers below talk through block/extree-int.h.
  *
  *   backend (pread/pwrite/flush, supplied by the caller)
- *     -> node    cache, read + validate once, write at commit  (extree-node.c)
- *     -> txn     superblocks, create/open/commit                (extree-txn.c)
- *     -> alloc   free space, pending frees, free-tree sync      (extree-alloc.c)
- *     -> btree   path, search, insert/split, delete/merge       (extree-btree.c)
- *     -> check   the checker behind qemu-img check              (extree-check.c)
+ *     -> node   cache, read + validate once, write at commit  (extree-node.c)
+ *     -> txn    superblocks, create/open/commit                (extree-txn.c)
+ *     -> alloc  free space, pending frees, free-tree sync      (extree-alloc.c)
+ *     -> btree  path, search, insert/split, delete/merge       (extree-btree.c)
+ *     -> check  the checker behind qemu-img check              (extree-check.c)
  *
  * Locking: the core is not thread-safe: the caller serializes all calls
  * (QEMU: s->lock, a CoMutex); backend calls may yield.  Nodes are pinned
@@ -64,10 +64,11 @@ typedef struct ExtreeCreateParams {
 typedef struct ExtreeOpenOptions {
     bool read_only;
     uint64_t cache_size;        /* bytes of node cache, 0 = 32 MiB */
-    uint64_t dirty_limit;       /* dirty metadata bytes before a forced
-                                 * commit, 0 = 16 MiB; a huge value
-                                 * (UINT64_MAX / 2) disables forced
-                                 * commits */
+    /*
+     * dirty metadata bytes before a forced commit, 0 = 16 MiB; a huge
+     * value (UINT64_MAX / 2) disables forced commits
+     */
+    uint64_t dirty_limit;
     /*
      * For the checker (qemu-img check -r): open read-write even if the
      * image is marked corrupt or its free-space tree is damaged.  Updates
@@ -181,8 +182,8 @@ uint32_t extree_node_size(const Extree *t);
 uint64_t extree_generation(const Extree *t);        /* last committed */
 uint64_t extree_extent_count(const Extree *t);
 unsigned extree_depth(const Extree *t);             /* levels, >= 1 */
-uint64_t extree_free_bytes(const Extree *t);        /* read-only: the
-                                                     * superblock's */
+/* read-only: the superblock's */
+uint64_t extree_free_bytes(const Extree *t);
 uint64_t extree_host_end(const Extree *t);
 uint64_t extree_data_start(const Extree *t);        /* ROUND_UP(8192, bs) */
 uint64_t extree_incompat_features(const Extree *t);
@@ -199,8 +200,8 @@ int extree_set_virtual_size(Extree *t, uint64_t size);
 
 /* Debug and benchmark counters, cumulative since open */
 typedef struct ExtreeStats {
-    uint64_t descents;          /* root-to-leaf searches that looked up at
-                                 * least one node in the cache */
+    /* root-to-leaf searches that looked up at least one node in the cache */
+    uint64_t descents;
     uint64_t next_leaf;         /* leaf steps that re-used the path */
     uint64_t cache_hits;
     uint64_t cache_misses;      /* = nodes read from the backend */
@@ -211,8 +212,11 @@ typedef struct ExtreeStats {
     uint64_t forced_commits;    /* by dirty_limit */
     uint64_t cached_nodes;      /* current */
     uint64_t dirty_nodes;       /* current */
-    uint64_t path_hits;         /* searches answered from the tree's last
-                                 * path alone (same leaf): not descents */
+    /*
+     * searches answered from the tree's last path alone (same leaf):
+     * not descents
+     */
+    uint64_t path_hits;
 } ExtreeStats;
 void extree_stats(const Extree *t, ExtreeStats *st);
 
@@ -258,10 +262,10 @@ typedef struct ExtreeCursor {
 void extree_cursor_init(ExtreeCursor *c, Extree *t);
 void extree_cursor_release(ExtreeCursor *c);
 
-#define EXTREE_COALESCE_HOST    0   /* merge DATA only if host-contiguous,
-                                     * ZERO with ZERO */
-#define EXTREE_COALESCE_ALLOC   1   /* merge every adjacent DATA/ZERO item;
-                                     * type and host of the first piece */
+/* merge DATA only if host-contiguous, ZERO with ZERO */
+#define EXTREE_COALESCE_HOST    0
+/* merge every adjacent DATA/ZERO item; type and host of the first piece */
+#define EXTREE_COALESCE_ALLOC   1
 
 /*
  * run->guest = @guest, run->length in (0, @max_bytes], never past the
@@ -322,8 +326,8 @@ typedef struct ExtreeCheckResult {
     uint64_t nodes, extents, free_items;
     uint64_t data_bytes, metadata_bytes, free_bytes;
     uint64_t unmerged;          /* adjacent mergeable items: not an error */
-    uint64_t repaired_corruptions;  /* of @corruptions: fixed by rebuilding
-                                     * the free-space tree */
+    /* of @corruptions: fixed by rebuilding the free-space tree */
+    uint64_t repaired_corruptions;
 } ExtreeCheckResult;
 
 typedef void ExtreeReportFn(void *opaque, const char *msg);

@@ -214,11 +214,15 @@ static void run_backend(ExtreeBackend *inner, const Options *o, Result *res)
         if (ret < 0) {
             die("map", ret, t);
         }
-        if ((i + 1) % COMMIT_EVERY == 0 && (ret = extree_commit(t)) < 0) {
-            die("commit", ret, t);
+        if ((i + 1) % COMMIT_EVERY == 0) {
+            ret = extree_commit(t);
+            if (ret < 0) {
+                die("commit", ret, t);
+            }
         }
     }
-    if ((ret = extree_commit(t)) < 0) {
+    ret = extree_commit(t);
+    if (ret < 0) {
         die("commit", ret, t);
     }
     res->insert_s = now() - t0;

@@ -265,7 +265,8 @@ static void test_cursor_invalidation(void)
     g_assert_cmpint(extree_cursor_query(&c, 2 * BS, 1 << 20, 0, &run), ==, 0);
     g_assert_cmpint(run.type, ==, EXTREE_RUN_UNALLOC);
     g_assert_cmpuint(run.length, ==, 998 * BS);
-    g_assert_cmpint(extree_cursor_query(&c, 1000 * BS, 1 << 20, 0, &run), ==, 0);
+    g_assert_cmpint(extree_cursor_query(&c, 1000 * BS, 1 << 20, 0, &run),
+                    ==, 0);
     g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
     /* backwards: re-descends */
     g_assert_cmpint(extree_cursor_query(&c, 0, BS, 0, &run), ==, 0);

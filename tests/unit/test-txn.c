@@ -606,7 +606,7 @@ static void test_trim_tail(void)
     g_assert_cmpint(extree_commit(t), ==, 0);
     end_full = extree_host_end(t);
     g_assert_cmpint(be->ops->pwrite(be->opaque, end_full - BS,
-                                    (uint8_t[BS]){ 1 }, BS), ==, 0);
+                                    (uint8_t[BS]) { 1 }, BS), ==, 0);
     g_assert_cmpint(be->ops->get_length(be->opaque), ==, end_full);
 
     /* freed by this commit: not reusable yet, so not cut yet */
@@ -873,6 +873,7 @@ static void cr_enumerate(CrWork *w, const char *what)
                 CtReport r = { g_ptr_array_new_with_free_func(g_free) };
                 guint lo = 0, hi = 0, k;
                 CrState *s = NULL;
+                ExtreeOpenOptions ro = { .read_only = true };
                 Extree *t;
                 char *err = NULL, *diff;
 
@@ -889,8 +890,7 @@ static void cr_enumerate(CrWork *w, const char *what)
                  * read-only: a damaged free tree does not matter; the
                  * checker reads it
                  */
-                if (extree_open(img, &(ExtreeOpenOptions){ .read_only = true },
-                                &t, &err) < 0) {
+                if (extree_open(img, &ro, &t, &err) < 0) {
                     g_error("%s: prefix %zu mode %d: open: %s", what, p,
                             mode, err);
                 }
