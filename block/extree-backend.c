@@ -326,8 +326,21 @@ static int64_t mem_op_get_length(void *opaque)
     return m->length;
 }
 
+/* Readahead: one read after another, each subject to fault injection */
+static void mem_op_pread_many(void *opaque, int n, const uint64_t *offsets,
+                              void *const *bufs, uint64_t bytes, int *rets)
+{
+    MemBackend *m = opaque;
+
+    m->stats.read_batches++;
+    for (int i = 0; i < n; i++) {
+        rets[i] = mem_op_pread(opaque, offsets[i], bufs[i], bytes);
+    }
+}
+
 static const ExtreeBackendOps mem_ops = {
     .pread = mem_op_pread,
+    .pread_many = mem_op_pread_many,
     .pwrite = mem_op_pwrite,
     .flush = mem_op_flush,
     .truncate = mem_op_truncate,

@@ -115,6 +115,7 @@ uint64_t extree_mem_backend_faults(ExtreeBackend *be);
 
 typedef struct ExtreeMemStats {
     uint64_t reads, writes, flushes, truncates, discards;
+    uint64_t read_batches;      /* pread_many calls; their reads count too */
     uint64_t bytes_read, bytes_written;
 } ExtreeMemStats;
 

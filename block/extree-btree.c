@@ -288,6 +288,41 @@ fail:
  * Move the path to slot 0 of the next leaf without a root descent.
  * 0: moved, 1: no next leaf, <0: error.  Read-only.
  */
+/*
+ * Read ahead the leaves a forward walk will visit next: children @slot..
+ * of @parent (level 1), when the first of them is not cached
+ */
+static void readahead_leaves(Extree *t, ExtreeTree *tree, ExtreeNode *parent,
+                             int slot, uint64_t parent_end)
+{
+    ExtreeNodeExpect e[EXTREE_READAHEAD_MAX];
+    uint64_t bytenr[EXTREE_READAHEAD_MAX];
+    int nr = node_nritems(parent);
+    int n = 0;
+    ExtreeKeyPtr first;
+
+    if (!t->be->ops->pread_many || slot >= nr) {
+        return;
+    }
+    ptr_get(parent, slot, &first);
+    if (extree_node_cached(t, first.child)) {
+        return;
+    }
+    for (; slot < nr && n < EXTREE_READAHEAD_MAX; slot++, n++) {
+        ExtreeKeyPtr kp;
+
+        ptr_get(parent, slot, &kp);
+        bytenr[n] = kp.child;
+        e[n].owner = tree->owner;
+        e[n].level = 0;
+        e[n].generation = kp.child_gen;
+        e[n].has_first_key = true;
+        e[n].first_key = kp.key;
+        e[n].key_end = slot + 1 < nr ? ptr_key(parent, slot + 1) : parent_end;
+    }
+    extree_node_readahead(t, n, bytenr, e);
+}
+
 int extree_bt_next_leaf(Extree *t, ExtreeTree *tree, ExtreePath *p)
 {
     int level;
@@ -303,8 +338,14 @@ int extree_bt_next_leaf(Extree *t, ExtreeTree *tree, ExtreePath *p)
     p->slots[level]++;
     for (; level > 0; level--) {
         ExtreeNode *c;
-        int ret = get_child(t, tree, p->nodes[level], p->slots[level],
-                            path_node_end(tree, p, level), &c);
+        int ret;
+
+        if (level == 1) {
+            readahead_leaves(t, tree, p->nodes[1], p->slots[1],
+                             path_node_end(tree, p, 1));
+        }
+        ret = get_child(t, tree, p->nodes[level], p->slots[level],
+                        path_node_end(tree, p, level), &c);
         if (ret < 0) {
             return ret;
         }

@@ -316,6 +316,12 @@ void extree_node_ref(ExtreeNode *n);
 void extree_node_unref(Extree *t, ExtreeNode *n);
 void extree_node_drop(Extree *t, ExtreeNode *n);
 void extree_cache_shrink(Extree *t);
+
+/* Nodes read at once when a forward walk reaches an uncached leaf */
+#define EXTREE_READAHEAD_MAX    32
+void extree_node_readahead(Extree *t, int n, const uint64_t *bytenr,
+                           const ExtreeNodeExpect *e);
+bool extree_node_cached(Extree *t, uint64_t bytenr);
 int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
                          const ExtreeNodeExpect *e, char **why);
 void extree_node_finish(Extree *t, uint8_t *buf);

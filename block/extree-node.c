@@ -514,6 +514,73 @@ int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
     return 0;
 }
 
+bool extree_node_cached(Extree *t, uint64_t bytenr)
+{
+    return g_hash_table_lookup(t->cache, &bytenr) != NULL;
+}
+
+/*
+ * Read the nodes at @bytenr[0..n) that are not cached, with one
+ * pread_many call, and cache those that validate, unpinned (least
+ * recently used first to go).  Best effort: a node that cannot be read or
+ * fails validation is left out, and extree_node_get() reads it again and
+ * says why.  At most a quarter of the cache, so readahead never evicts
+ * what it just read.
+ */
+void extree_node_readahead(Extree *t, int n, const uint64_t *bytenr,
+                           const ExtreeNodeExpect *e)
+{
+    ExtreeNode *nodes[EXTREE_READAHEAD_MAX];
+    const ExtreeNodeExpect *exp[EXTREE_READAHEAD_MAX];
+    uint64_t offs[EXTREE_READAHEAD_MAX];
+    void *bufs[EXTREE_READAHEAD_MAX];
+    int rets[EXTREE_READAHEAD_MAX];
+    int k = 0;
+
+    if (!t->be->ops->pread_many) {
+        return;
+    }
+    n = MIN(n, EXTREE_READAHEAD_MAX);
+    n = MIN((uint64_t)n, t->cache_limit / 4);
+    for (int i = 0; i < n; i++) {
+        if (extree_node_cached(t, bytenr[i]) ||
+            !EXTREE_IS_ALIGNED(bytenr[i], t->block_size) ||
+            bytenr[i] < t->data_start || bytenr[i] >= t->sb_host_end ||
+            t->sb_host_end - bytenr[i] < t->node_size) {
+            continue;
+        }
+        nodes[k] = g_new0(ExtreeNode, 1);
+        nodes[k]->bytenr = bytenr[i];
+        nodes[k]->buf = buf_alloc(t);
+        exp[k] = &e[i];
+        offs[k] = bytenr[i];
+        bufs[k] = nodes[k]->buf;
+        k++;
+    }
+    /* one node alone is read by extree_node_get() as usual */
+    if (k > 1) {
+        t->be->ops->pread_many(t->be->opaque, k, offs, bufs, t->node_size,
+                               rets);
+    }
+    for (int i = 0; i < k; i++) {
+        ExtreeNode *nd = nodes[i];
+        char *why = NULL;
+
+        /* the reads may have yielded: someone else may have cached it */
+        if (k < 2 || rets[i] < 0 || extree_node_cached(t, nd->bytenr) ||
+            extree_node_validate(t, nd->buf, nd->bytenr, exp[i], &why) < 0) {
+            g_free(why);
+            node_free(t, nd);
+            continue;
+        }
+        g_hash_table_insert(t->cache, &nd->bytenr, nd);
+        t->ncached++;
+        list_add_tail(&t->lru, nd, EXT_LIST_LRU);
+        t->stats.readahead++;
+    }
+    extree_cache_shrink(t);
+}
+
 /* Set the checksum of a node image about to be written */
 void extree_node_finish(Extree *t, uint8_t *buf)
 {

@@ -44,6 +44,14 @@ typedef struct ExtreeBackendOps {
     int (*discard)(void *opaque, uint64_t offset,
                    uint64_t bytes);                    /* may be NULL */
     int64_t (*get_length)(void *opaque);
+    /*
+     * Read @n ranges of @bytes each, concurrently if the backend can:
+     * @rets[i] = 0 or -errno for @offsets[i] into @bufs[i].  Used for
+     * readahead of the leaves a forward walk is about to visit, so a
+     * failure only costs the read again later.  May be NULL: no readahead.
+     */
+    void (*pread_many)(void *opaque, int n, const uint64_t *offsets,
+                       void *const *bufs, uint64_t bytes, int *rets);
 } ExtreeBackendOps;
 
 typedef struct ExtreeBackend {
@@ -204,7 +212,8 @@ typedef struct ExtreeStats {
     uint64_t descents;
     uint64_t next_leaf;         /* leaf steps that re-used the path */
     uint64_t cache_hits;
-    uint64_t cache_misses;      /* = nodes read from the backend */
+    uint64_t cache_misses;      /* nodes read one at a time */
+    uint64_t readahead;         /* nodes cached by readahead */
     uint64_t evictions;
     uint64_t cows;              /* nodes copied on write */
     uint64_t nodes_written;

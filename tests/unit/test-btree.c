@@ -8,6 +8,8 @@
  * SPDX-License-Identifier: GPL-2.0-or-later
  */
 
+#include <stdio.h>
+
 #include "core-test.h"
 
 #define BS 512
@@ -209,6 +211,7 @@ static void test_walk_reads_each_leaf_once(void)
     ExtreeBackend *be = ct_create(2 * n * BS, BS, NS);
     Extree *t = ct_open(be);
     ExtreeCheckResult res;
+    ExtreeMemStats ms;
     ExtreeStats st, st0;
     ExtreeCursor c;
     uint64_t g = 0, runs = 0;
@@ -220,6 +223,7 @@ static void test_walk_reads_each_leaf_once(void)
     extree_close(t);
     t = ct_open(be);
     extree_stats(t, &st0);
+    extree_mem_backend_reset_stats(be);
     extree_cursor_init(&c, t);
     while (g < 2 * n * BS) {
         ExtreeRun run;
@@ -231,15 +235,130 @@ static void test_walk_reads_each_leaf_once(void)
     extree_cursor_release(&c);
     g_assert_cmpuint(runs, ==, 2 * n);
     extree_stats(t, &st);
+    extree_mem_backend_stats(be, &ms);
     g_assert_cmpuint(st.descents - st0.descents, ==, 1);
     ct_check_clean(t, &res);
     /*
      * every extent-tree node once: the cold walk read all the extent tree
-     * but its root (read at open), and nothing twice
+     * but its root (read at open), and nothing twice; most leaves came in
+     * readahead batches
      */
-    g_assert_cmpuint(st.cache_misses - st0.cache_misses, ==,
+    g_assert_cmpuint(st.cache_misses - st0.cache_misses +
+                     st.readahead - st0.readahead, ==,
                      res.nodes - 1 - (res.free_items ? 1 : 1));
+    g_assert_cmpuint(ms.reads, ==, st.cache_misses - st0.cache_misses +
+                                   st.readahead - st0.readahead);
+    g_assert_cmpuint(st.readahead - st0.readahead, >,
+                     (res.nodes - 2) * 3 / 4);
+    g_assert_cmpuint(ms.read_batches, >, 0);
+    g_assert_cmpuint(ms.read_batches, <=,
+                     (res.nodes + EXTREE_READAHEAD_MAX - 1) /
+                     EXTREE_READAHEAD_MAX + 8);
     extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/*
+ * Find the extent-tree leaves of a freshly committed image (one
+ * transaction: every leaf image in the file is live), in key order
+ */
+static GArray *find_leaves(ExtreeBackend *be, uint64_t start)
+{
+    int64_t len = be->ops->get_length(be->opaque);
+    GArray *offs = g_array_new(false, false, sizeof(uint64_t));
+    GArray *keys = g_array_new(false, false, sizeof(uint64_t));
+    uint8_t hdr[EXTREE_NODE_HEADER_SIZE + 8];
+
+    for (uint64_t off = start; off + NS <= (uint64_t)len; off += BS) {
+        g_assert_cmpint(be->ops->pread(be->opaque, off, hdr, sizeof(hdr)),
+                        ==, 0);
+        if (ext_ld32(hdr + EXT_NH_MAGIC) == EXTREE_NODE_MAGIC &&
+            ext_ld64(hdr + EXT_NH_BYTENR) == off &&
+            ext_ld32(hdr + EXT_NH_OWNER) == EXTREE_TREE_EXTENT &&
+            hdr[EXT_NH_LEVEL] == 0 && ext_ld32(hdr + EXT_NH_NRITEMS) > 0) {
+            uint64_t key = ext_ld64(hdr + EXTREE_NODE_HEADER_SIZE);
+            guint i = 0;
+
+            while (i < keys->len && g_array_index(keys, uint64_t, i) < key) {
+                i++;
+            }
+            g_array_insert_val(keys, i, key);
+            g_array_insert_val(offs, i, off);
+        }
+    }
+    g_array_free(keys, true);
+    return offs;
+}
+
+/*
+ * Readahead is best effort: a leaf it cannot read is read again when the
+ * walk gets there; a damaged one is reported then, by the walk, at its
+ * offset, and nothing before it fails
+ */
+static void test_readahead_failures(void)
+{
+    const uint64_t n = 10000;
+    ExtreeBackend *be = ct_create(2 * n * BS, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeStats st0, st;
+    ExtreeCursor c;
+    ExtreeRun run;
+    GArray *leaves;
+    uint64_t g, bad, bad_key;
+    uint8_t *buf;
+    char hex[32];
+    int ret = 0;
+
+    for (uint64_t i = 0; i < n; i++) {
+        ct_write(t, 2 * i * BS, BS);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+
+    /* a failed read inside a batch: the walk still succeeds */
+    t = ct_open(be);
+    extree_stats(t, &st0);
+    extree_mem_backend_inject_fault(be, EXTREE_FAULT_READ, 5, false);
+    extree_cursor_init(&c, t);
+    for (g = 0; g < 2 * n * BS; g += run.length) {
+        g_assert_cmpint(extree_cursor_query(&c, g, UINT64_MAX,
+                                            EXTREE_COALESCE_HOST, &run), ==, 0);
+    }
+    extree_cursor_release(&c);
+    g_assert_cmpuint(extree_mem_backend_faults(be), ==, 1);
+    extree_stats(t, &st);
+    g_assert_cmpuint(st.readahead - st0.readahead, >, 0);
+    extree_close(t);
+
+    /* a damaged leaf that readahead reads: the walk reports it there */
+    leaves = find_leaves(be, 2 * EXTREE_SB_SIZE);
+    g_assert_cmpuint(leaves->len, >, 20);
+    bad = g_array_index(leaves, uint64_t, 10);
+    buf = ct_node_read(be, bad, NS);
+    bad_key = ext_ld64(buf + EXTREE_NODE_HEADER_SIZE);
+    ct_item(buf, 0)->length = GUINT64_TO_LE(3 * BS);  /* overlaps item 1 */
+    ct_node_write(be, bad, buf, NS, true);
+    g_free(buf);
+    t = ct_open(be);
+    extree_cursor_init(&c, t);
+    for (g = 0; g < 2 * n * BS; g += run.length) {
+        ret = extree_cursor_query(&c, g, UINT64_MAX, EXTREE_COALESCE_HOST,
+                                  &run);
+        if (ret < 0) {
+            break;
+        }
+    }
+    extree_cursor_release(&c);
+    g_assert_cmpint(ret, ==, -EIO);
+    /*
+     * the query that needed the leaf: the previous leaf's last item, whose
+     * run might have continued into it
+     */
+    g_assert_cmpuint(g, ==, bad_key - 2 * BS);
+    snprintf(hex, sizeof(hex), "0x%" PRIx64, bad);
+    g_assert_nonnull(strstr(extree_last_error(t), hex));
+    extree_close(t);
+    g_array_free(leaves, true);
     extree_mem_backend_free(be);
 }
 
@@ -494,6 +613,7 @@ int main(int argc, char **argv)
     g_test_add_func("/btree/coalesce-and-lookup", test_coalesce_and_lookup);
     g_test_add_func("/btree/cursor-invalidation", test_cursor_invalidation);
     g_test_add_func("/btree/cursor-query-cached", test_cursor_query_cached);
+    g_test_add_func("/btree/readahead-failures", test_readahead_failures);
     g_test_add_func("/btree/sequential-fill", test_sequential_fill);
     g_test_add_func("/btree/walk-reads-each-leaf-once",
                     test_walk_reads_each_leaf_once);
