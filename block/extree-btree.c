@@ -232,6 +232,7 @@ static int bt_search(Extree *t, ExtreeTree *tree, uint64_t dkey, uint64_t key,
     int ret;
 
     extree_path_release(t, p);
+    p->readahead = 0;
     n = pcache_get(t, tree, tree->level, tree->root, tree->root_gen);
     if (!n) {
         lookup = true;
@@ -289,17 +290,21 @@ fail:
  * 0: moved, 1: no next leaf, <0: error.  Read-only.
  */
 /*
- * Read ahead the leaves a forward walk will visit next: children @slot..
- * of @parent (level 1), when the first of them is not cached
+ * Read ahead the leaves a forward walk will visit next: children
+ * p->slots[1].. of p->nodes[1], when the first of them is not cached.
+ * The batch doubles along one walk (p->readahead).
  */
-static void readahead_leaves(Extree *t, ExtreeTree *tree, ExtreeNode *parent,
-                             int slot, uint64_t parent_end)
+static void readahead_leaves(Extree *t, ExtreeTree *tree, ExtreePath *p)
 {
-    ExtreeNodeExpect e[EXTREE_READAHEAD_MAX];
-    uint64_t bytenr[EXTREE_READAHEAD_MAX];
+    ExtreeNode *parent = p->nodes[1];
+    uint64_t parent_end = path_node_end(tree, p, 1);
+    int slot = p->slots[1];
     int nr = node_nritems(parent);
-    int n = 0;
+    int want = p->readahead ? p->readahead : EXTREE_READAHEAD_FIRST;
+    ExtreeNodeExpect *e;
+    uint64_t *bytenr;
     ExtreeKeyPtr first;
+    int n = 0;
 
     if (!t->be->ops->pread_many || slot >= nr) {
         return;
@@ -308,7 +313,11 @@ static void readahead_leaves(Extree *t, ExtreeTree *tree, ExtreeNode *parent,
     if (extree_node_cached(t, first.child)) {
         return;
     }
-    for (; slot < nr && n < EXTREE_READAHEAD_MAX; slot++, n++) {
+    p->readahead = MIN(want * 2, EXTREE_READAHEAD_MAX);
+    want = MIN(want, nr - slot);
+    e = g_new(ExtreeNodeExpect, want);
+    bytenr = g_new(uint64_t, want);
+    for (; n < want; slot++, n++) {
         ExtreeKeyPtr kp;
 
         ptr_get(parent, slot, &kp);
@@ -321,6 +330,8 @@ static void readahead_leaves(Extree *t, ExtreeTree *tree, ExtreeNode *parent,
         e[n].key_end = slot + 1 < nr ? ptr_key(parent, slot + 1) : parent_end;
     }
     extree_node_readahead(t, n, bytenr, e);
+    g_free(e);
+    g_free(bytenr);
 }
 
 int extree_bt_next_leaf(Extree *t, ExtreeTree *tree, ExtreePath *p)
@@ -341,8 +352,7 @@ int extree_bt_next_leaf(Extree *t, ExtreeTree *tree, ExtreePath *p)
         int ret;
 
         if (level == 1) {
-            readahead_leaves(t, tree, p->nodes[1], p->slots[1],
-                             path_node_end(tree, p, 1));
+            readahead_leaves(t, tree, p);
         }
         ret = get_child(t, tree, p->nodes[level], p->slots[level],
                         path_node_end(tree, p, level), &c);

@@ -260,8 +260,14 @@ struct Extree {
     uint64_t cache_limit;       /* nodes */
     uint64_t dirty_limit;       /* nodes */
     uint64_t seq;               /* bumped by every tree change */
-    /* node buffers for re-use: CoW allocates and frees one per copy */
+    /*
+     * Node buffers: carved from slabs (EXT_SLAB_SIZE), recycled through
+     * spare_bufs (CoW allocates and frees one per copy), freed at close
+     */
     GPtrArray *spare_bufs;
+    GPtrArray *slabs;
+    uint8_t *slab_next;
+    size_t slab_left;           /* buffers left in the newest slab */
     uint8_t *bounce;            /* commit: consecutive nodes, one write */
     bool in_commit;
 
@@ -317,8 +323,13 @@ void extree_node_unref(Extree *t, ExtreeNode *n);
 void extree_node_drop(Extree *t, ExtreeNode *n);
 void extree_cache_shrink(Extree *t);
 
-/* Nodes read at once when a forward walk reaches an uncached leaf */
-#define EXTREE_READAHEAD_MAX    32
+/*
+ * Leaves read at once when a forward walk steps onto an uncached one: the
+ * first batch of a walk is small (a read that merely crosses a leaf
+ * boundary), each next one twice the last, as in the kernel's readahead
+ */
+#define EXTREE_READAHEAD_FIRST  4
+#define EXTREE_READAHEAD_MAX    512
 void extree_node_readahead(Extree *t, int n, const uint64_t *bytenr,
                            const ExtreeNodeExpect *e);
 bool extree_node_cached(Extree *t, uint64_t bytenr);

@@ -249,26 +249,45 @@ extree_be_get_length(void *opaque)
     return bdrv_getlength(s->bs->file->bs);
 }
 
-/* One node read of a readahead batch; freed by the pool */
+/*
+ * Readahead requests: nodes closer than this in the file are read with one
+ * request, the bytes between them into a scratch buffer (one more request
+ * costs more than reading that much more, warm or cold); at most this many
+ * requests in flight, and this many buffers in one request (IOV_MAX)
+ */
+#define EXTREE_RA_MAX_GAP       (64 * KiB)
+#define EXTREE_RA_CONCURRENCY   8
+#define EXTREE_RA_MAX_IOV       512
+
+/* One request of a readahead batch; freed by the pool */
 typedef struct ExtreeReadTask {
     AioTask task;
     BdrvChild *file;
-    uint64_t offset, bytes;
-    void *buf;
-    int *ret;
+    uint64_t offset;
+    QEMUIOVector qiov;
+    int *rets;
+    const int *idx;             /* of its nodes, into rets */
+    int n;
 } ExtreeReadTask;
 
 static int coroutine_fn GRAPH_RDLOCK extree_read_task(AioTask *task)
 {
     ExtreeReadTask *t = container_of(task, ExtreeReadTask, task);
+    int ret = bdrv_co_preadv(t->file, t->offset, t->qiov.size, &t->qiov, 0);
 
-    *t->ret = bdrv_co_pread(t->file, t->offset, t->bytes, t->buf, 0);
-    return 0;           /* each read has its own result */
+    for (int i = 0; i < t->n; i++) {
+        t->rets[t->idx[i]] = ret;
+    }
+    qemu_iovec_destroy(&t->qiov);
+    return 0;           /* each node has its own result */
 }
 
 /*
- * Readahead: the reads of a batch in flight together (one coroutine each),
- * so a cold forward walk waits for about one read per batch, not per leaf
+ * Readahead of a batch of nodes: sorted by offset, nodes that lie close
+ * together in the file (a commit writes the nodes it copied into one
+ * metadata reserve) are read with one request, and the requests are in
+ * flight together, so a forward walk waits for about one read per batch,
+ * not one per leaf.
  */
 static void coroutine_mixed_fn GRAPH_RDLOCK
 extree_be_pread_many(void *opaque, int n, const uint64_t *offsets,
@@ -276,30 +295,64 @@ extree_be_pread_many(void *opaque, int n, const uint64_t *offsets,
 {
     BDRVExtreeState *s = opaque;
     AioTaskPool *pool;
+    void *scratch = NULL;
+    int *idx;
+    int i, j, reqs = 0;
 
-    trace_extree_readahead(s, n, offsets[0]);
     if (!qemu_in_coroutine()) {
-        for (int i = 0; i < n; i++) {
+        for (i = 0; i < n; i++) {
             rets[i] = bdrv_pread(s->bs->file, offsets[i], bytes, bufs[i], 0);
         }
         return;
     }
-    pool = aio_task_pool_new(n);
-    for (int i = 0; i < n; i++) {
+    /* by offset: mostly in order already */
+    idx = g_new(int, n);
+    for (i = 0; i < n; i++) {
+        for (j = i; j > 0 && offsets[idx[j - 1]] > offsets[i]; j--) {
+            idx[j] = idx[j - 1];
+        }
+        idx[j] = i;
+    }
+    pool = aio_task_pool_new(EXTREE_RA_CONCURRENCY);
+    for (i = 0; i < n; i = j) {
         ExtreeReadTask *t = g_new(ExtreeReadTask, 1);
+        uint64_t end = offsets[idx[i]] + bytes;
 
         *t = (ExtreeReadTask) {
             .task.func = extree_read_task,
             .file = s->bs->file,
-            .offset = offsets[i],
-            .bytes = bytes,
-            .buf = bufs[i],
-            .ret = &rets[i],
+            .offset = offsets[idx[i]],
+            .rets = rets,
+            .idx = &idx[i],
         };
+        qemu_iovec_init(&t->qiov, 16);
+        qemu_iovec_add(&t->qiov, bufs[idx[i]], bytes);
+        for (j = i + 1; j < n; j++) {
+            uint64_t off = offsets[idx[j]];
+
+            if (off < end || off - end > EXTREE_RA_MAX_GAP ||
+                t->qiov.niov + 2 > EXTREE_RA_MAX_IOV) {
+                break;      /* overlapping (damaged), far, or full */
+            }
+            if (off > end) {
+                if (!scratch) {
+                    scratch = qemu_blockalign(s->bs, EXTREE_RA_MAX_GAP);
+                }
+                qemu_iovec_add(&t->qiov, scratch, off - end);
+            }
+            qemu_iovec_add(&t->qiov, bufs[idx[j]], bytes);
+            end = off + bytes;
+        }
+        t->n = j - i;
+        reqs++;
         aio_task_pool_start_task(pool, &t->task);
     }
     aio_task_pool_wait_all(pool);
     aio_task_pool_free(pool);
+    trace_extree_readahead(s, n, reqs, offsets[idx[0]],
+                           offsets[idx[n - 1]] + bytes - offsets[idx[0]]);
+    qemu_vfree(scratch);
+    g_free(idx);
 }
 
 static const ExtreeBackendOps extree_file_backend_ops = {

@@ -250,6 +250,7 @@ struct ExtreeNode;
 typedef struct ExtreePath {
     struct ExtreeNode *nodes[EXTREE_MAX_LEVELS];
     int slots[EXTREE_MAX_LEVELS];
+    int readahead;              /* next readahead batch, 0 = first */
 } ExtreePath;
 
 /*
