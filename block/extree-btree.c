@@ -1213,6 +1213,18 @@ cursor_query_slow(ExtreeCursor *c, uint64_t guest, uint64_t limit,
         end = cur.key + cur.length;
         while (end < limit) {
             ExtreeItem nx;
+
+            if (coalesce == EXTREE_COALESCE_ALLOC &&
+                slot + 1 < nr && leaf_key(n, slot + 1) == end) {
+                /* every adjacent item joins: just follow the keys */
+                do {
+                    slot++;
+                    end += leaf_len(n, slot);
+                } while (end < limit && slot + 1 < nr &&
+                         leaf_key(n, slot + 1) == end);
+                leaf_get(n, slot, &cur);
+                continue;
+            }
             if (slot + 1 < nr) {
                 slot++;
             } else {
