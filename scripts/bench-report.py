@@ -149,9 +149,14 @@ def plot(run):
               "(apt-get install python3-matplotlib)", file=sys.stderr)
         return None
     points = {}
-    for sc in run.scenarios:
-        if not sc.startswith("SCALE-"):
-            continue
+    # S2 is the same layout (4 KiB every 64 KiB, random order) with 2^20
+    # runs: the 10^6 point, unless SCALE-1e6 itself was run
+    sizes = [sc for sc in run.scenarios if sc.startswith("SCALE-")]
+    if "S2" in run.scenarios and not any(
+            images.layout(sc, run.div).guest_runs >= 1_000_000
+            for sc in sizes):
+        sizes.append("S2")
+    for sc in sizes:
         n = images.layout(sc, run.div).guest_runs
         for fmt in run.formats():
             for cache in ("warm", "cold"):
@@ -433,7 +438,11 @@ def section(run, top):
     scal = [s for s in run.scenarios if s.startswith("SCALE-")]
     if scal:
         out.append("- SCALE-N: N extents of 4 KiB every 64 KiB in random "
-                   f"order, N = {', '.join(s[6:] for s in scal)}.")
+                   f"order, N = {', '.join(s[6:] for s in scal)}" +
+                   (f"; S2 is the same layout with "
+                    f"{images.layout('S2', run.div).guest_runs:,} extents "
+                    "and is plotted with them." if "S2" in run.scenarios and
+                    not any(s.endswith("e6") for s in scal) else "."))
     out.append("")
 
     def measure_table(title, measure, show=secs, scs=None, note=None,
@@ -551,9 +560,14 @@ def section(run, top):
             out.append(f"   :alt: qemu-img map time against extent count, "
                        f"{run.name} scale")
             out.append("")
-        rows = [[f] + [cell(run, s, f, "map") for s in scal] for f in fmts]
-        out.append(table(["Format"] + [f"{s[6:]} extents (warm / cold)"
-                                       for s in scal], rows))
+        cols = list(scal)
+        heads = [f"{s[6:]} extents (warm / cold)" for s in scal]
+        if "S2" in run.scenarios and not any(s.endswith("e6") for s in scal):
+            cols.append("S2")
+            heads.append(f"S2, {images.layout('S2', run.div).guest_runs:,} "
+                         "extents (warm / cold)")
+        rows = [[f] + [cell(run, s, f, "map") for s in cols] for f in fmts]
+        out.append(table(["Format"] + heads, rows))
 
     skips = sorted({(k[0], k[1], k[2], v) for k, v in run.skips.items()})
     if skips:
