@@ -479,7 +479,8 @@ static inline void extree_status_exclude(BDRVExtreeState *s)
      * smp_mb__after_rmw() in extree_co_block_status()
      */
     smp_mb();
-    while (unlikely(qatomic_read(&s->status_busy))) {
+    /* acquire: see the cursor as the query left it */
+    while (unlikely(qatomic_load_acquire(&s->status_busy))) {
         cpu_relax();
     }
 }
@@ -1871,7 +1872,8 @@ extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
     if (qatomic_cmpxchg(&s->status_busy, 0, 1) == 0) {
         /* status_busy store before the lock.locked load (Dekker) */
         smp_mb__after_rmw();
-        if (!qatomic_read(&s->lock.locked)) {
+        /* acquire: see the cursor as the last lock holder left it */
+        if (!qatomic_load_acquire(&s->lock.locked)) {
             ret = extree_cursor_query_cached(&s->status_cursor, offset, bytes,
                                              &run);
         }
