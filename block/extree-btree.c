@@ -40,6 +40,8 @@ void extree_tree_expect(Extree *t, ExtreeTree *tree, ExtreeNodeExpect *e)
     e->has_first_key = false;
     e->first_key = 0;
     e->key_end = UINT64_MAX;
+    e->has_bytes = false;
+    e->bytes = 0;
 }
 
 /* Exclusive key bound of the node at @level of the path */
@@ -70,6 +72,8 @@ static int get_child(Extree *t, ExtreeTree *tree, ExtreeNode *parent,
     e.first_key = kp.key;
     e.key_end = slot + 1 < (int)node_nritems(parent) ?
                 ptr_key(parent, slot + 1) : parent_end;
+    e.has_bytes = true;
+    e.bytes = kp.bytes;
     return extree_node_get(t, kp.child, &e, out);
 }
 
@@ -328,6 +332,8 @@ static void readahead_leaves(Extree *t, ExtreeTree *tree, ExtreePath *p)
         e[n].has_first_key = true;
         e[n].first_key = kp.key;
         e[n].key_end = slot + 1 < nr ? ptr_key(parent, slot + 1) : parent_end;
+        e[n].has_bytes = true;
+        e[n].bytes = kp.bytes;
     }
     extree_node_readahead(t, n, bytenr, e);
     g_free(e);
@@ -365,6 +371,73 @@ int extree_bt_next_leaf(Extree *t, ExtreeTree *tree, ExtreePath *p)
     }
     t->stats.next_leaf++;
     return 0;
+}
+
+/*
+ * extree_bt_next_leaf() for an allocation run that ends at *@end: the
+ * subtrees met on the way that continue the run without a hole (first key
+ * *@end, child_bytes equal to their key range) and end by @limit are
+ * stepped over unread, and *@end moves past them.  A dirty child's
+ * child_bytes is stale until the commit: such a child is read instead.
+ * Reads the nodes of about one descent however many leaves the run spans.
+ * The rightmost child of each level has no finite bound and is never
+ * skipped, so 1 (no next leaf) comes only with *@end unchanged.
+ */
+static int next_leaf_skip(Extree *t, ExtreeTree *tree, ExtreePath *p,
+                          uint64_t *end, uint64_t limit)
+{
+    int level = 1;
+
+    for (;;) {
+        /* up to the lowest node with a next slot */
+        for (; level <= (int)tree->level; level++) {
+            if (p->slots[level] + 1 < (int)node_nritems(p->nodes[level])) {
+                break;
+            }
+        }
+        if (level > (int)tree->level) {
+            return 1;
+        }
+        p->slots[level]++;
+        /* down, stepping over the children the run covers */
+        while (level > 0) {
+            ExtreeNode *parent = p->nodes[level], *c;
+            int nr = node_nritems(parent), s = p->slots[level], ret;
+            uint64_t bound = s + 1 < nr ? ptr_key(parent, s + 1)
+                                        : path_node_end(tree, p, level);
+            ExtreeKeyPtr kp;
+
+            ptr_get(parent, s, &kp);
+            if (kp.key == *end && bound <= limit &&
+                kp.bytes == bound - kp.key &&
+                !extree_node_is_dirty(t, kp.child)) {
+                *end = bound;
+                t->stats.subtrees_skipped++;
+                if (s + 1 < nr) {
+                    p->slots[level]++;
+                    continue;
+                }
+                level++;
+                break;
+            }
+            if (level == 1) {
+                readahead_leaves(t, tree, p);
+            }
+            ret = get_child(t, tree, parent, s, path_node_end(tree, p, level),
+                            &c);
+            if (ret < 0) {
+                return ret;
+            }
+            extree_node_unref(t, p->nodes[level - 1]);
+            p->nodes[level - 1] = c;
+            p->slots[level - 1] = 0;
+            level--;
+        }
+        if (level == 0) {
+            t->stats.next_leaf++;
+            return 0;
+        }
+    }
 }
 
 /* First item with key >= @key: 0 and *@it, 1 if none, <0 */
@@ -517,6 +590,7 @@ static int grow_root(Extree *t, ExtreeTree *tree, ExtreePath *p)
     kp.key = node_key(old, 0);
     kp.child = old->bytenr;
     kp.child_gen = node_gen(old);
+    kp.bytes = extree_node_subtree_bytes(old);
     ptr_set(root, 0, &kp);
     node_set_nritems(root, 1);
     tree->root = bytenr;
@@ -584,10 +658,13 @@ static int insert_at(Extree *t, ExtreeTree *tree, ExtreePath *p, int level,
     kp.key = node_key(right, 0);
     kp.child = right->bytenr;
     kp.child_gen = t->trans_gen;
+    /* both halves are dirty: the commit sets their child_bytes again */
+    kp.bytes = extree_node_subtree_bytes(right);
     extree_node_unref(t, right);
     ext_st64(raw, kp.key);
     ext_st64(raw + 8, kp.child);
     ext_st64(raw + 16, kp.child_gen);
+    ext_st64(raw + 24, kp.bytes);
     return insert_at(t, tree, p, level + 1, p->slots[level + 1] + 1, raw);
 }
 
@@ -1229,7 +1306,14 @@ cursor_query_slow(ExtreeCursor *c, uint64_t guest, uint64_t limit,
                 slot++;
             } else {
                 c->path.slots[0] = slot + 1;
-                ret = extree_bt_next_leaf(t, tree, &c->path);
+                if (coalesce == EXTREE_COALESCE_ALLOC) {
+                    ret = next_leaf_skip(t, tree, &c->path, &end, limit);
+                    /* what the run joins next must start at end */
+                    cur.key = end;
+                    cur.length = 0;
+                } else {
+                    ret = extree_bt_next_leaf(t, tree, &c->path);
+                }
                 if (ret < 0) {
                     extree_cursor_release(c);
                     return ret;

@@ -135,6 +135,8 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
             ce.has_first_key = true;
             ce.first_key = kp.key;
             ce.key_end = i + 1 < nr ? ptr_key(&view, i + 1) : e->key_end;
+            ce.has_bytes = true;
+            ce.bytes = kp.bytes;
             walk(c, owner, kp.child, &ce);
             /* the child's walk reused deeper buffers only */
         } else {

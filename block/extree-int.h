@@ -67,6 +67,7 @@ typedef struct ExtreeItem {
 
 typedef struct ExtreeKeyPtr {
     uint64_t key, child, child_gen;
+    uint64_t bytes;             /* child_bytes: leaf item lengths summed */
 } ExtreeKeyPtr;
 
 /* Node header field offsets (ExtreeDiskNodeHeader) */
@@ -158,6 +159,11 @@ static inline void ptr_get(const ExtreeNode *n, int i, ExtreeKeyPtr *kp)
     kp->key = ext_ld64(p);
     kp->child = ext_ld64(p + 8);
     kp->child_gen = ext_ld64(p + 16);
+    kp->bytes = ext_ld64(p + 24);
+}
+static inline uint64_t ptr_bytes(const ExtreeNode *n, int i)
+{
+    return ext_ld64(node_item(n, i, EXT_PTR_ISZ) + 24);
 }
 static inline void ptr_set(ExtreeNode *n, int i, const ExtreeKeyPtr *kp)
 {
@@ -165,6 +171,7 @@ static inline void ptr_set(ExtreeNode *n, int i, const ExtreeKeyPtr *kp)
     ext_st64(p, kp->key);
     ext_st64(p + 8, kp->child);
     ext_st64(p + 16, kp->child_gen);
+    ext_st64(p + 24, kp->bytes);
 }
 static inline uint64_t node_key(const ExtreeNode *n, int i)
 {
@@ -183,6 +190,13 @@ typedef struct ExtreeNodeExpect {
      * every item ends <= this (next parent key), UINT64_MAX for the last child
      */
     uint64_t key_end;
+    /*
+     * the parent's child_bytes for this child; none for a root, and none
+     * is checked for a dirty node (its parent's value is refreshed only
+     * when the transaction commits)
+     */
+    bool has_bytes;
+    uint64_t bytes;
 } ExtreeNodeExpect;
 
 /* One tree: extent or free */
@@ -333,6 +347,8 @@ void extree_cache_shrink(Extree *t);
 void extree_node_readahead(Extree *t, int n, const uint64_t *bytenr,
                            const ExtreeNodeExpect *e);
 bool extree_node_cached(Extree *t, uint64_t bytenr);
+bool extree_node_is_dirty(Extree *t, uint64_t bytenr);
+uint64_t extree_node_subtree_bytes(const ExtreeNode *n);
 int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
                          const ExtreeNodeExpect *e, char **why);
 void extree_node_finish(Extree *t, uint8_t *buf);

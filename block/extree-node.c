@@ -359,13 +359,13 @@ static int leaf_item_check(Extree *t, uint32_t owner, const ExtreeItem *it,
  * reads); the loop then says what is wrong with one that fails.
  */
 static bool extent_leaf_ok(Extree *t, const uint8_t *buf, uint32_t nr,
-                           uint64_t key_end)
+                           uint64_t key_end, uint64_t *sum)
 {
     uint64_t mask = t->block_size - 1;
     uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
     uint64_t ds = t->data_start, he = t->sb_host_end;
     const uint8_t *p = buf + EXTREE_NODE_HEADER_SIZE;
-    uint64_t prev_end = 0, bad = 0;
+    uint64_t prev_end = 0, bad = 0, total = 0;
 
     for (uint32_t i = 0; i < nr; i++, p += EXT_LEAF_ISZ) {
         uint64_t key = ext_ld64(p), len = ext_ld64(p + 8);
@@ -381,8 +381,40 @@ static bool extent_leaf_ok(Extree *t, const uint8_t *buf, uint32_t nr,
             bad |= (type != EXTREE_ITEM_ZERO) | (host != 0);
         }
         prev_end = key + len;
+        total += len;
     }
+    *sum = total;
     return !bad && prev_end <= key_end;
+}
+
+/* child_bytes of the node: the lengths of the leaf items under it */
+uint64_t extree_node_subtree_bytes(const ExtreeNode *n)
+{
+    int nr = node_nritems(n);
+    uint64_t sum = 0;
+
+    if (node_level(n)) {
+        for (int i = 0; i < nr; i++) {
+            sum += ptr_bytes(n, i);
+        }
+    } else {
+        for (int i = 0; i < nr; i++) {
+            sum += leaf_len(n, i);
+        }
+    }
+    return sum;
+}
+
+static int check_subtree_bytes(const ExtreeNodeExpect *e, uint64_t sum,
+                               char **why)
+{
+    if (e->has_bytes && sum != e->bytes) {
+        *why = g_strdup_printf("subtree bytes mismatch, have 0x%" PRIx64
+                               " expect 0x%" PRIx64 " (parent's child_bytes)",
+                               sum, e->bytes);
+        return -EIO;
+    }
+    return 0;
 }
 
 /*
@@ -406,7 +438,7 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
     uint32_t cap = level ? EXTREE_INTERIOR_CAPACITY(t->node_size)
                          : EXTREE_LEAF_CAPACITY(t->node_size);
     ExtreeNode fake = { .buf = (uint8_t *)buf };
-    uint64_t prev_end = 0;
+    uint64_t prev_end = 0, sum = 0;
 
     *why = NULL;
     if (have_csum != csum) {
@@ -455,9 +487,10 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
         return -EIO;
     }
     if (!level && owner == EXTREE_TREE_EXTENT &&
-        extent_leaf_ok(t, buf, nr, e->key_end)) {
-        return 0;
+        extent_leaf_ok(t, buf, nr, e->key_end, &sum)) {
+        return check_subtree_bytes(e, sum, why);
     }
+    sum = 0;
     for (uint32_t i = 0; i < nr; i++) {
         if (level) {
             ExtreeKeyPtr kp;
@@ -511,9 +544,27 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
                                        PRIx64, i, prev_end, e->key_end);
                 return -EIO;
             }
+            sum += it.length;
         }
     }
-    return 0;
+    /*
+     * child_bytes, once the keys are known sorted: non-zero (a child has
+     * items), whole blocks, and no more than the child's key range, so
+     * that the sum cannot overflow
+     */
+    for (uint32_t i = 0; level && i < nr; i++) {
+        uint64_t key = ptr_key(&fake, i), bytes = ptr_bytes(&fake, i);
+        uint64_t bound = i + 1 < nr ? ptr_key(&fake, i + 1) : e->key_end;
+
+        if (bytes == 0 || !EXTREE_IS_ALIGNED(bytes, t->block_size) ||
+            bytes > bound - key) {
+            *why = g_strdup_printf("bad child_bytes at slot %u, have 0x%"
+                                   PRIx64, i, bytes);
+            return -EIO;
+        }
+        sum += bytes;
+    }
+    return check_subtree_bytes(e, sum, why);
 }
 
 /*
@@ -604,6 +655,13 @@ bool extree_node_cached(Extree *t, uint64_t bytenr)
     return g_hash_table_lookup(t->cache, &bytenr) != NULL;
 }
 
+bool extree_node_is_dirty(Extree *t, uint64_t bytenr)
+{
+    ExtreeNode *n = g_hash_table_lookup(t->cache, &bytenr);
+
+    return n && n->dirty;
+}
+
 /*
  * Read the nodes at @bytenr[0..n) that are not cached, with one
  * pread_many call, and cache those that validate, unpinned (least
@@ -689,6 +747,42 @@ static gint cmp_bytenr(gconstpointer a, gconstpointer b)
     return x->bytenr < y->bytenr ? -1 : x->bytenr > y->bytenr;
 }
 
+static gint cmp_level(gconstpointer a, gconstpointer b)
+{
+    const ExtreeNode *x = *(ExtreeNode * const *)a;
+    const ExtreeNode *y = *(ExtreeNode * const *)b;
+    return (int)node_level(x) - (int)node_level(y);
+}
+
+/*
+ * The child_bytes of every interior item whose child changed in this
+ * transaction, bottom-up.  Tree updates leave them stale (a change to a
+ * leaf would otherwise touch every ancestor); each dirty node's parent is
+ * dirty too (copy-on-write), and an item whose child is clean was copied
+ * with its value from the committed parent.  O(dirty nodes * fan-out).
+ */
+static void fix_subtree_bytes(Extree *t, GPtrArray *arr)
+{
+    g_ptr_array_sort(arr, cmp_level);
+    for (guint i = 0; i < arr->len; i++) {
+        ExtreeNode *n = arr->pdata[i];
+        int nr = node_nritems(n);
+
+        if (!node_level(n)) {
+            continue;
+        }
+        for (int k = 0; k < nr; k++) {
+            uint8_t *ip = node_item(n, k, EXT_PTR_ISZ);
+            uint64_t child = ext_ld64(ip + 8);
+            ExtreeNode *c = g_hash_table_lookup(t->cache, &child);
+
+            if (c && c->dirty) {
+                ext_st64(ip + 24, extree_node_subtree_bytes(c));
+            }
+        }
+    }
+}
+
 /*
  * Commit step 3: write every dirty node at its (freshly allocated)
  * location, in offset order, nodes at consecutive offsets in one write of
@@ -706,6 +800,7 @@ int extree_node_write_dirty(Extree *t)
         extree_node_ref(n);
         g_ptr_array_add(arr, n);
     }
+    fix_subtree_bytes(t, arr);
     g_ptr_array_sort(arr, cmp_bytenr);
     for (guint i = 0; i < arr->len && ret == 0;) {
         ExtreeNode *first = arr->pdata[i];

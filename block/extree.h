@@ -211,6 +211,8 @@ typedef struct ExtreeStats {
     /* root-to-leaf searches that looked up at least one node in the cache */
     uint64_t descents;
     uint64_t next_leaf;         /* leaf steps that re-used the path */
+    /* subtrees an allocation query stepped over unread (child_bytes) */
+    uint64_t subtrees_skipped;
     uint64_t cache_hits;
     uint64_t cache_misses;      /* nodes read one at a time */
     uint64_t readahead;         /* nodes cached by readahead */

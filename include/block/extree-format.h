@@ -29,7 +29,7 @@
 
 /* "EXTREE\r\n" read as a little-endian 64-bit number */
 #define EXTREE_MAGIC            0x0a0d454552545845ULL
-#define EXTREE_VERSION          1
+#define EXTREE_VERSION          2
 
 #define EXTREE_SB_SIZE          4096
 #define EXTREE_SB_SLOTS         2
@@ -123,11 +123,16 @@ typedef struct __attribute__((packed)) ExtreeDiskNodeHeader {
     uint64_t reserved2[3];      /* 40 */
 } ExtreeDiskNodeHeader;
 
-/* Interior item: the child covers keys from @key up to the next item's key */
+/*
+ * Interior item: the child covers keys from @key up to the next item's key.
+ * @child_bytes, the summed lengths of the leaf items under the child, lets
+ * a reader see a subtree without holes without reading it.
+ */
 typedef struct __attribute__((packed)) ExtreeDiskKeyPtr {
     uint64_t key;
     uint64_t child;             /* host offset of the child node */
     uint64_t child_generation;
+    uint64_t child_bytes;
 } ExtreeDiskKeyPtr;
 
 /* Leaf item types */
@@ -163,7 +168,7 @@ _Static_assert(__builtin_offsetof(ExtreeDiskSuper, backing_fmt) == 1024, "sb");
 _Static_assert(__builtin_offsetof(ExtreeDiskSuper, backing_file) == 2048,
                "sb");
 _Static_assert(sizeof(ExtreeDiskNodeHeader) == 64, "node header size");
-_Static_assert(sizeof(ExtreeDiskKeyPtr) == 24, "interior item size");
+_Static_assert(sizeof(ExtreeDiskKeyPtr) == 32, "interior item size");
 _Static_assert(sizeof(ExtreeDiskItem) == 32, "leaf item size");
 
 #endif /* BLOCK_EXTREE_FORMAT_H */

@@ -513,6 +513,102 @@ static void test_coalesce_and_lookup(void)
     extree_mem_backend_free(be);
 }
 
+static uint64_t nodes_read(Extree *t, const ExtreeStats *st0)
+{
+    ExtreeStats st;
+
+    extree_stats(t, &st);
+    return st.cache_misses - st0->cache_misses +
+           st.readahead - st0->readahead;
+}
+
+/* One allocation query; checks the answer's type and length */
+static void alloc_query(ExtreeCursor *c, uint64_t g, uint64_t max,
+                        uint32_t type, uint64_t length)
+{
+    ExtreeRun run;
+
+    g_assert_cmpint(extree_cursor_query(c, g, max, EXTREE_COALESCE_ALLOC,
+                                        &run), ==, 0);
+    g_assert_cmpuint(run.guest, ==, g);
+    g_assert_cmpint(run.type, ==, type);
+    g_assert_cmpuint(run.length, ==, length);
+}
+
+/*
+ * An allocation query steps over the subtrees whose child_bytes shows
+ * them without holes: cold, over 20,000 adjacent extents in three levels,
+ * it reads about one descent; it still finds a hole punched since the
+ * commit (a dirty child's child_bytes is stale until the commit), and
+ * queries that end inside a skippable subtree continue correctly.
+ */
+static void test_alloc_query_skips(void)
+{
+    const uint64_t n = 20000, h = n / 2 + 1, vs = (n + 64) * BS;
+    ExtreeBackend *be = ct_create(vs, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeCheckResult res;
+    ExtreeStats st0, st;
+    ExtreeCursor c;
+
+    /* DATA, ZERO, DATA, ...: adjacent items that never merge */
+    for (uint64_t i = 0; i < n; i++) {
+        if (i & 1) {
+            g_assert_cmpint(extree_set_zero(t, i * BS, BS), ==, 0);
+        } else {
+            ct_write(t, i * BS, BS);
+        }
+    }
+    ct_write(t, (n + 8) * BS, 4 * BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    t = ct_open(be);
+    g_assert_cmpuint(extree_depth(t), ==, 3);
+
+    extree_stats(t, &st0);
+    extree_cursor_init(&c, t);
+    alloc_query(&c, 0, vs, EXTREE_RUN_DATA, n * BS);
+    g_assert_cmpuint(nodes_read(t, &st0), <=, 12);
+    extree_stats(t, &st);
+    g_assert_cmpuint(st.subtrees_skipped - st0.subtrees_skipped, >, 100);
+    alloc_query(&c, n * BS, vs, EXTREE_RUN_UNALLOC, 8 * BS);
+    alloc_query(&c, (n + 8) * BS, vs, EXTREE_RUN_DATA, 4 * BS);
+    alloc_query(&c, (n + 12) * BS, vs, EXTREE_RUN_UNALLOC, 52 * BS);
+
+    /* limits that end inside subtrees the query could otherwise skip */
+    for (uint64_t g = 0; g < n * BS;) {
+        uint64_t len = MIN(777 * BS, n * BS - g);
+
+        alloc_query(&c, g, 777 * BS, (g / BS) & 1 ? EXTREE_RUN_ZERO
+                                                   : EXTREE_RUN_DATA, len);
+        g += len;
+    }
+    extree_cursor_release(&c);
+
+    /* a hole in a leaf changed since the commit */
+    g_assert_cmpint(extree_punch(t, h * BS, BS), ==, 0);
+    extree_cursor_init(&c, t);
+    alloc_query(&c, 0, vs, EXTREE_RUN_DATA, h * BS);
+    alloc_query(&c, h * BS, vs, EXTREE_RUN_UNALLOC, BS);
+    alloc_query(&c, (h + 1) * BS, vs, EXTREE_RUN_DATA, (n - h - 1) * BS);
+    extree_cursor_release(&c);
+
+    /* committed, the commit's child_bytes say the same, read cold */
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    t = ct_open(be);
+    extree_stats(t, &st0);
+    extree_cursor_init(&c, t);
+    alloc_query(&c, 0, vs, EXTREE_RUN_DATA, h * BS);
+    alloc_query(&c, h * BS, vs, EXTREE_RUN_UNALLOC, BS);
+    alloc_query(&c, (h + 1) * BS, vs, EXTREE_RUN_DATA, (n - h - 1) * BS);
+    g_assert_cmpuint(nodes_read(t, &st0), <=, 16);
+    extree_cursor_release(&c);
+    ct_check_clean(t, &res);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 /* Bounded cache: a walk over more nodes than fit keeps the bound */
 static void test_cache_bound(void)
 {
@@ -611,6 +707,7 @@ int main(int argc, char **argv)
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/btree/skewed-keys", test_skewed_keys);
     g_test_add_func("/btree/coalesce-and-lookup", test_coalesce_and_lookup);
+    g_test_add_func("/btree/alloc-query-skips", test_alloc_query_skips);
     g_test_add_func("/btree/cursor-invalidation", test_cursor_invalidation);
     g_test_add_func("/btree/cursor-query-cached", test_cursor_query_cached);
     g_test_add_func("/btree/readahead-failures", test_readahead_failures);

@@ -38,6 +38,8 @@ static void expect_leaf(ExtreeNodeExpect *e, uint64_t gen)
     e->has_first_key = false;
     e->first_key = 0;
     e->key_end = UINT64_MAX;
+    e->has_bytes = false;
+    e->bytes = 0;
 }
 
 static void assert_invalid(Extree *t, uint8_t *buf, uint64_t bytenr,
@@ -154,21 +156,51 @@ static void test_validate(void)
     assert_invalid(t, buf, at, &e, "empty non-root leaf");
     g_free(buf);
 
+    /* parent agreement: child_bytes (10 items of 2 blocks) */
+    buf = make_leaf(at, 5, 10);
+    e.has_bytes = true;
+    e.bytes = 20 * BS - BS;
+    assert_invalid(t, buf, at, &e,
+                   "subtree bytes mismatch, have 0x2800 expect 0x2600");
+    e.bytes = 20 * BS;
+    ext_st32(buf, extree_crc32c(0, buf + 4, NS - 4));
+    g_assert_cmpint(extree_node_validate(t, buf, at, &e, &why), ==, 0);
+    e.has_bytes = false;
+    g_free(buf);
+
     /* interior nodes */
     buf = make_leaf(at, 5, 0);
     v.buf = buf;
     buf[EXT_NH_LEVEL] = 1;
     node_set_nritems(&v, 2);
-    ptr_set(&v, 0, &(ExtreeKeyPtr){ 0, at, 5 });
-    ptr_set(&v, 1, &(ExtreeKeyPtr){ 0, at + NS, 5 });
+    ptr_set(&v, 0, &(ExtreeKeyPtr){ 0, at, 5, BS });
+    ptr_set(&v, 1, &(ExtreeKeyPtr){ 0, at + NS, 5, BS });
     expect_leaf(&e, 5);
     e.level = 1;
     assert_invalid(t, buf, at, &e, "unsorted keys at slot 1");
-    ptr_set(&v, 1, &(ExtreeKeyPtr){ BS, at + 3, 5 });
+    ptr_set(&v, 1, &(ExtreeKeyPtr){ BS, at + 3, 5, BS });
     assert_invalid(t, buf, at, &e, "bad child pointer at slot 1");
-    ptr_set(&v, 1, &(ExtreeKeyPtr){ BS, at + NS, 6 });
+    ptr_set(&v, 1, &(ExtreeKeyPtr){ BS, at + NS, 6, BS });
     assert_invalid(t, buf, at, &e, "bad child generation at slot 1");
-    ptr_set(&v, 1, &(ExtreeKeyPtr){ BS, at + NS, 4 });
+    /* child_bytes: non-zero, whole blocks, within the child's key range */
+    ptr_set(&v, 1, &(ExtreeKeyPtr){ BS, at + NS, 4, 0 });
+    assert_invalid(t, buf, at, &e, "bad child_bytes at slot 1, have 0x0");
+    ptr_set(&v, 1, &(ExtreeKeyPtr){ BS, at + NS, 4, BS + 1 });
+    assert_invalid(t, buf, at, &e, "bad child_bytes at slot 1");
+    ptr_set(&v, 0, &(ExtreeKeyPtr){ 0, at, 5, 2 * BS });
+    ptr_set(&v, 1, &(ExtreeKeyPtr){ BS, at + NS, 4, BS });
+    assert_invalid(t, buf, at, &e, "bad child_bytes at slot 0, have 0x400");
+    ptr_set(&v, 0, &(ExtreeKeyPtr){ 0, at, 5, BS });
+    e.key_end = 4 * BS;
+    ptr_set(&v, 1, &(ExtreeKeyPtr){ BS, at + NS, 4, 3 * BS + BS });
+    assert_invalid(t, buf, at, &e, "bad child_bytes at slot 1, have 0x800");
+    /* and their sum is what the node's own parent says */
+    ptr_set(&v, 1, &(ExtreeKeyPtr){ BS, at + NS, 4, 3 * BS });
+    e.has_bytes = true;
+    e.bytes = 3 * BS;
+    assert_invalid(t, buf, at, &e,
+                   "subtree bytes mismatch, have 0x800 expect 0x600");
+    e.bytes = 4 * BS;
     ext_st32(buf, extree_crc32c(0, buf + 4, NS - 4));
     g_assert_cmpint(extree_node_validate(t, buf, at, &e, &why), ==, 0);
     g_free(buf);

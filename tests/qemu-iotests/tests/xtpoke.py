@@ -21,7 +21,7 @@ import sys
 SB_SIZE = 4096
 HDR = 64
 LEAF_ITEM = 32
-PTR_ITEM = 24
+PTR_ITEM = 32
 
 
 def crc32c(data):
@@ -177,6 +177,13 @@ def main():
         img.write(at, struct.pack('<Q', gen - 1))
         img.fix_node_csum(off)
         print('interior node: child generation')
+    elif what == 'child-bytes':
+        off = interior[0][0]
+        at = off + HDR + PTR_ITEM * 1 + 24          # child_bytes
+        nbytes = struct.unpack('<Q', img.read(at, 8))[0]
+        img.write(at, struct.pack('<Q', nbytes - img.block_size))
+        img.fix_node_csum(off)
+        print('interior node: child_bytes')
     else:
         sys.exit('xtpoke.py: unknown request ' + what)
     img.f.close()
