@@ -285,12 +285,18 @@ def targets(run):
     txt, ok = "—", None
     if None not in (aw, ac, ow, oc):
         qw, qc = aw - ow, ac - oc
-        txt = (f"query ≈ {secs(qw)} warm, {secs(qc)} cold (alloc minus "
-               f"open); whole command {secs(aw)} warm, {secs(ac)} cold")
-        ok = qw <= 0.005 and qc <= 0.020 and aw <= qw + 0.010 and \
-            ac <= qc + 0.010
+
+        def q(v):
+            # medians of two noisy commands: a difference below 0 means
+            # the query is lost in the start-up's spread
+            return secs(v) if v > 0 else "≈ 0 (below the spread of start-up)"
+        txt = (f"query {q(qw)} warm, {q(qc)} cold (alloc minus open); "
+               f"whole command {secs(aw)} warm, {secs(ac)} cold")
+        # the whole command: within 10 ms of the query's bound
+        ok = qw <= 0.005 and qc <= 0.020 and aw <= 0.015 and ac <= 0.030
     rows.append(["S3 first hole ≤ 5 ms warm and ≤ 20 ms cold for the query, "
-                 "the whole qemu-io command within 10 ms more", REF["S3"],
+                 "the whole qemu-io command within 10 ms more (≤ 15 ms warm, "
+                 "≤ 30 ms cold)", REF["S3"],
                  txt, verdict(ok, "2,048 extents instead of 131,072: the "
                               "query is lost in the noise of start-up")])
     # space
