@@ -383,6 +383,7 @@ static int read_supers(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
     char *why[2] = { NULL, NULL };
     bool sum_ok[2] = { false, false };
     uint64_t raw_gen[2] = { 0, 0 };
+    uint32_t ver[2] = { 0, 0 };
     int rc[2], ret = 0;
 
     memset(skip, 0, sizeof(*skip));
@@ -395,6 +396,7 @@ static int read_supers(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
         } else {
             rc[i] = sb_decode(buf, &sb[i], &why[i], &sum_ok[i]);
             raw_gen[i] = ext_ld64(buf + SB_OFF(generation));
+            ver[i] = ext_ld32(buf + SB_OFF(version));
         }
         if (rc[i] == 0 && (*best < 0 ||
                            sb[i].generation > sb[*best].generation)) {
@@ -402,7 +404,14 @@ static int read_supers(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
         }
     }
     g_free(buf);
-    if (*best < 0) {
+    if (*best < 0 && rc[0] == -ENOTSUP && rc[1] == -ENOTSUP &&
+        ver[0] == ver[1]) {
+        /* Intact, but of another version: not damage */
+        *errmsg = g_strdup_printf("unsupported extree version %u (this "
+                                  "implementation reads version %u)",
+                                  ver[0], EXTREE_VERSION);
+        ret = -ENOTSUP;
+    } else if (*best < 0) {
         /* Neither slot: report slot 0's problem first, it has the magic */
         ret = rc[0];
         if (rc[0] == -EINVAL && rc[1] != -EINVAL) {

@@ -182,6 +182,18 @@ static void test_features(void)
     sb.incompat_features = 0;
     ct_write_super(be, slot, &sb);
 
+    /* an intact image of another version: said so, not called damage */
+    sb.version = GUINT32_TO_LE(1);
+    ct_write_super(be, 0, &sb);
+    ct_write_super(be, 1, &sb);
+    g_assert_cmpint(extree_open(be, &ro, &t, &err), ==, -ENOTSUP);
+    g_assert_cmpstr(err, ==, "unsupported extree version 1 (this "
+                    "implementation reads version 2)");
+    g_clear_pointer(&err, g_free);
+    sb.version = GUINT32_TO_LE(EXTREE_VERSION);
+    ct_write_super(be, 0, &sb);
+    ct_write_super(be, 1, &sb);
+
     /* bad superblock field: -EINVAL */
     sb.block_size = GUINT32_TO_LE(3000);
     ct_write_super(be, 0, &sb);
