@@ -290,10 +290,6 @@ fail:
 }
 
 /*
- * Move the path to slot 0 of the next leaf without a root descent.
- * 0: moved, 1: no next leaf, <0: error.  Read-only.
- */
-/*
  * Read ahead the leaves a forward walk will visit next: children
  * p->slots[1].. of p->nodes[1], when the first of them is not cached.
  * The batch doubles along one walk (p->readahead).
@@ -340,48 +336,15 @@ static void readahead_leaves(Extree *t, ExtreeTree *tree, ExtreePath *p)
     g_free(bytenr);
 }
 
-int extree_bt_next_leaf(Extree *t, ExtreeTree *tree, ExtreePath *p)
-{
-    int level;
-
-    for (level = 1; level <= (int)tree->level; level++) {
-        if (p->slots[level] + 1 < (int)node_nritems(p->nodes[level])) {
-            break;
-        }
-    }
-    if (level > (int)tree->level) {
-        return 1;
-    }
-    p->slots[level]++;
-    for (; level > 0; level--) {
-        ExtreeNode *c;
-        int ret;
-
-        if (level == 1) {
-            readahead_leaves(t, tree, p);
-        }
-        ret = get_child(t, tree, p->nodes[level], p->slots[level],
-                        path_node_end(tree, p, level), &c);
-        if (ret < 0) {
-            return ret;
-        }
-        extree_node_unref(t, p->nodes[level - 1]);
-        p->nodes[level - 1] = c;
-        p->slots[level - 1] = 0;
-    }
-    t->stats.next_leaf++;
-    return 0;
-}
-
 /*
- * extree_bt_next_leaf() for an allocation run that ends at *@end: the
- * subtrees met on the way that continue the run without a hole (first key
- * *@end, child_bytes equal to their key range) and end by @limit are
- * stepped over unread, and *@end moves past them.  A dirty child's
- * child_bytes is stale until the commit: such a child is read instead.
- * Reads the nodes of about one descent however many leaves the run spans.
- * The rightmost child of each level has no finite bound and is never
- * skipped, so 1 (no next leaf) comes only with *@end unchanged.
+ * Move the path to the next leaf.  With @end, for an allocation run that
+ * ends at *@end: the subtrees met on the way that continue the run without
+ * a hole (first key *@end, child_bytes equal to their key range) and end by
+ * @limit are stepped over unread, and *@end moves past them.  A dirty
+ * child's child_bytes is stale until the commit: such a child is read
+ * instead.  Reads the nodes of about one descent however many leaves the
+ * run spans.  The rightmost child of each level has no finite bound and is
+ * never skipped, so 1 (no next leaf) comes only with *@end unchanged.
  */
 static int next_leaf_skip(Extree *t, ExtreeTree *tree, ExtreePath *p,
                           uint64_t *end, uint64_t limit)
@@ -408,7 +371,7 @@ static int next_leaf_skip(Extree *t, ExtreeTree *tree, ExtreePath *p,
             ExtreeKeyPtr kp;
 
             ptr_get(parent, s, &kp);
-            if (kp.key == *end && bound <= limit &&
+            if (end && kp.key == *end && bound <= limit &&
                 kp.bytes == bound - kp.key &&
                 !extree_node_is_dirty(t, kp.child)) {
                 *end = bound;
@@ -438,6 +401,15 @@ static int next_leaf_skip(Extree *t, ExtreeTree *tree, ExtreePath *p,
             return 0;
         }
     }
+}
+
+/*
+ * Move the path to slot 0 of the next leaf without a root descent.
+ * 0: moved, 1: no next leaf, <0: error.  Read-only.
+ */
+int extree_bt_next_leaf(Extree *t, ExtreeTree *tree, ExtreePath *p)
+{
+    return next_leaf_skip(t, tree, p, NULL, 0);
 }
 
 /* First item with key >= @key: 0 and *@it, 1 if none, <0 */
