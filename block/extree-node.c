@@ -490,7 +490,6 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
         extent_leaf_ok(t, buf, nr, e->key_end, &sum)) {
         return check_subtree_bytes(e, sum, why);
     }
-    sum = 0;
     for (uint32_t i = 0; i < nr; i++) {
         if (level) {
             ExtreeKeyPtr kp;
@@ -544,7 +543,6 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
                                        PRIx64, i, prev_end, e->key_end);
                 return -EIO;
             }
-            sum += it.length;
         }
     }
     /*
@@ -562,9 +560,8 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
                                    PRIx64, i, bytes);
             return -EIO;
         }
-        sum += bytes;
     }
-    return check_subtree_bytes(e, sum, why);
+    return check_subtree_bytes(e, extree_node_subtree_bytes(&fake), why);
 }
 
 /*
