@@ -602,27 +602,35 @@ def measure_once(measure, fmt, img, lay, cache, rep, count=None, offset=0):
     return r
 
 
-def calibrate(measure, fmt, img, lay):
-    """A count that makes one run last about --bench-secs."""
-    _, pos = bench_step(lay.vsize)
+def calibrate(measure, fmt, img, lay, walk):
+    """A count that makes one run last about --bench-secs.  walk: for
+    writes, [next block of the walk, blocks written so far] of this image,
+    which the calibration's own runs advance: each lands on blocks no
+    earlier write touched, so the count is that of allocating writes, not
+    of overwrites (which are many times faster)."""
+    step, pos = bench_step(lay.vsize)
+    write = "write" in measure
     count = 256 if measure.endswith("-d1") else 2048
     for _ in range(4):
-        r = run(command(measure, fmt, img, lay, count, 0),
+        off = walk[0] * 4096 if write else 0
+        r = run(command(measure, fmt, img, lay, count, off),
                 timeout=ARGS.timeout)
         m = re.search(r"Run completed in ([0-9.]+) seconds", r.out)
         if r.rc != 0 or not m:
-            return None, 0, (r.err or r.out).strip()[-200:]
+            return None, (r.err or r.out).strip()[-200:]
+        if write:
+            walk[0] = (walk[0] + count * (step // 4096)) % pos
+            walk[1] += count
         secs = float(m.group(1))
         if secs >= ARGS.bench_secs / 4:
             break
         count *= 4
-    used = count
     count = max(64, int(count * ARGS.bench_secs / max(secs, 1e-3)))
-    if "write" in measure:
-        # writes continue the walk run after run (after the calibration's
-        # blocks): keep them all within one pass over the 4 KiB blocks
-        count = min(count, max(64, (pos - used) // (2 * ARGS.runs)))
-    return count, used, ""
+    if write:
+        # keep every write run within one pass over the 4 KiB blocks,
+        # leaving room for the write measures after this one
+        count = min(count, max(64, (pos - walk[1]) // (4 * ARGS.runs)))
+    return count, ""
 
 
 def callgrind(lay, fmt, img):
@@ -743,20 +751,21 @@ def run_scenario(name):
             if applicable("callgrind", fmt):
                 callgrind(lay, fmt, imgs[fmt])
     bench_ms = [m for m in ms if m in BENCH_MEASURES]
-    # reads first; writes change the images, so they come last
+    # reads first; writes change the images, so they come last.  Each
+    # image's write walk goes on from measure to measure.
+    walk = {fmt: [0, 0] for fmt in built}
+    step, pos = bench_step(lay.vsize)
     for m in bench_ms:
-        counts, cursor = {}, {}
-        step, pos = bench_step(lay.vsize)
+        counts = {}
         for fmt in built:
             if fmt == "raw-btrfs" and m.startswith("bench-read-d") and \
                     m != "bench-read-d1":
                 OUT.skip(name, fmt, m, BTRFS_DEPTH_READS)
                 counts[fmt] = None
                 continue
-            counts[fmt], used, err = calibrate(m, fmt, imgs[fmt], lay)
+            counts[fmt], err = calibrate(m, fmt, imgs[fmt], lay, walk[fmt])
             if counts[fmt] is None:
                 OUT.skip(name, fmt, m, f"qemu-img bench failed: {err}")
-            cursor[fmt] = used * (step // 4096) % pos
         for rep in range(ARGS.runs):
             k = rep % max(1, len(built))
             for fmt in built[k:] + built[:k]:
@@ -767,9 +776,10 @@ def run_scenario(name):
                     if "write" in m:
                         # continue the walk: every write run lands on
                         # blocks no earlier run wrote
-                        off = cursor[fmt] * 4096
-                        cursor[fmt] = (cursor[fmt] + counts[fmt] *
-                                       (step // 4096)) % pos
+                        off = walk[fmt][0] * 4096
+                        walk[fmt][0] = (walk[fmt][0] + counts[fmt] *
+                                        (step // 4096)) % pos
+                        walk[fmt][1] += counts[fmt]
                     measure_once(m, fmt, imgs[fmt], lay, cache, rep,
                                  count=counts[fmt], offset=off)
         log(f"{name}: {m} done")
