@@ -602,6 +602,15 @@ def measure_once(measure, fmt, img, lay, cache, rep, count=None, offset=0):
     return r
 
 
+def walk_take(walk, count, step, pos):
+    """The offset at which an image's write walk goes on for count writes
+    of step bytes (modulo pos blocks); advances the walk past them."""
+    off = walk[0] * 4096
+    walk[0] = (walk[0] + count * (step // 4096)) % pos
+    walk[1] += count
+    return off
+
+
 def calibrate(measure, fmt, img, lay, walk):
     """A count that makes one run last about --bench-secs.  walk: for
     writes, [next block of the walk, blocks written so far] of this image,
@@ -612,15 +621,12 @@ def calibrate(measure, fmt, img, lay, walk):
     write = "write" in measure
     count = 256 if measure.endswith("-d1") else 2048
     for _ in range(4):
-        off = walk[0] * 4096 if write else 0
+        off = walk_take(walk, count, step, pos) if write else 0
         r = run(command(measure, fmt, img, lay, count, off),
                 timeout=ARGS.timeout)
         m = re.search(r"Run completed in ([0-9.]+) seconds", r.out)
         if r.rc != 0 or not m:
             return None, (r.err or r.out).strip()[-200:]
-        if write:
-            walk[0] = (walk[0] + count * (step // 4096)) % pos
-            walk[1] += count
         secs = float(m.group(1))
         if secs >= ARGS.bench_secs / 4:
             break
@@ -776,10 +782,7 @@ def run_scenario(name):
                     if "write" in m:
                         # continue the walk: every write run lands on
                         # blocks no earlier run wrote
-                        off = walk[fmt][0] * 4096
-                        walk[fmt][0] = (walk[fmt][0] + counts[fmt] *
-                                        (step // 4096)) % pos
-                        walk[fmt][1] += counts[fmt]
+                        off = walk_take(walk[fmt], counts[fmt], step, pos)
                     measure_once(m, fmt, imgs[fmt], lay, cache, rep,
                                  count=counts[fmt], offset=off)
         log(f"{name}: {m} done")
