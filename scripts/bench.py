@@ -604,7 +604,8 @@ def measure_once(measure, fmt, img, lay, cache, rep, count=None, offset=0):
 
 def walk_take(walk, count, step, pos):
     """The offset at which an image's write walk goes on for count writes
-    of step bytes (modulo pos blocks); advances the walk past them."""
+    (4 KiB each, step bytes apart, modulo pos blocks); advances the walk
+    past them."""
     off = walk[0] * 4096
     walk[0] = (walk[0] + count * (step // 4096)) % pos
     walk[1] += count
