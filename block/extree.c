@@ -68,6 +68,19 @@
 #define EXTREE_READ_BATCH               16
 
 /*
+ * Grow-ahead.  New host space is taken at the end of the file, and on ext4
+ * and XFS a direct write that extends the file completes inside io_submit:
+ * allocating writes in flight would run one after another.  So before an
+ * allocation reaches past the file's end, the file is grown (sparse, no
+ * space used) this far beyond it, as QEMU's preallocate filter does; the
+ * tail past host_end is cut when the image is closed, inactivated or made
+ * read-only.  The format allows a file longer than host_end, so a crash
+ * in between leaves a valid image.
+ */
+#define EXTREE_GROW_AHEAD               (64 * MiB)
+#define EXTREE_GROW_ALIGN               (1 * MiB)
+
+/*
  * An allocating write in flight: guest blocks [start, end) have host space
  * allocated but not mapped yet.  Others that want to allocate or change
  * blocks of this range wait on @waiters.  Lives on the writer's stack.
@@ -105,6 +118,16 @@ typedef struct BDRVExtreeState {
     Extree *t;                          /* Protected by lock */
     bool core_read_only;                /* @t was opened read-only */
     bool inactive;                      /* BDRV_O_INACTIVE: no writes */
+
+    /*
+     * Grow-ahead (EXTREE_GROW_AHEAD): the file's length as last read or
+     * set by extree_grow_file(), -1 when unknown (a truncate ran since);
+     * @grow_off once growing failed (a block device, a protocol that
+     * cannot resize): the writes extend the file themselves.
+     * Protected by lock.
+     */
+    int64_t file_len;
+    bool grow_off;
     uint32_t block_size;                /* of @t, constant while open */
     uint32_t node_size;
 
@@ -229,6 +252,8 @@ extree_be_truncate(void *opaque, uint64_t size)
 {
     BDRVExtreeState *s = opaque;
 
+    trace_extree_host_shrink(s, size);
+    s->file_len = -1;
     return bdrv_truncate(s->bs->file, size, false, PREALLOC_MODE_OFF, 0,
                          NULL);
 }
@@ -703,6 +728,78 @@ static void extree_drain_begin(BlockDriverState *bs)
     }
 }
 
+/* ---- Grow-ahead (EXTREE_GROW_AHEAD) ---- */
+
+/*
+ * Make the file reach @end before an allocation that ends there is
+ * written.  Best effort: if the file cannot grow, the write extends it.
+ * Called with s->lock held, so no other allocation runs meanwhile; no
+ * request is in flight past the file's end, so the truncate waits for none.
+ */
+static void coroutine_fn GRAPH_RDLOCK
+extree_grow_file(BDRVExtreeState *s, uint64_t end)
+{
+    BdrvChild *file = s->bs->file;
+    int64_t len;
+    uint64_t want;
+    int ret;
+
+    if (s->grow_off ||
+        (s->file_len >= 0 && end <= (uint64_t)s->file_len)) {
+        return;
+    }
+    len = bdrv_co_getlength(file->bs);
+    if (len < 0) {
+        s->file_len = -1;
+        return;
+    }
+    s->file_len = len;
+    if (end <= (uint64_t)len) {
+        return;
+    }
+    /* A regular file is cut to exactly @want: never less than @len */
+    want = ROUND_UP(end + EXTREE_GROW_AHEAD, EXTREE_GROW_ALIGN);
+    ret = bdrv_co_truncate(file, want, false, PREALLOC_MODE_OFF, 0, NULL);
+    trace_extree_grow_file(s, len, want, ret);
+    if (ret < 0) {
+        s->grow_off = true;
+        s->file_len = -1;
+        return;
+    }
+    s->file_len = want;
+}
+
+/*
+ * Cut what lies past host_end off the file (grow-ahead's tail, or one a
+ * crash left), so that a closed image is no longer than its contents.
+ * Only after a successful commit, with the core read-write and no request
+ * in flight: then host_end is the durable one and nothing past it is in
+ * use.  Never on an image found damaged or being checked: what lies past
+ * host_end may be evidence.  Best effort.  Called with s->lock held or
+ * from close.
+ */
+static void coroutine_mixed_fn GRAPH_RDLOCK extree_trim_file(BDRVExtreeState *s)
+{
+    uint64_t end;
+    int64_t len;
+    int ret;
+
+    if (!s->t || s->core_read_only || s->inactive || extree_is_dirty(s->t) ||
+        s->corrupt_pending || s->signaled_corruption ||
+        (extree_incompat_features(s->t) & EXTREE_INCOMPAT_CORRUPT) ||
+        (s->bs->open_flags & BDRV_O_CHECK)) {
+        return;
+    }
+    end = extree_host_end(s->t);
+    len = bdrv_getlength(s->bs->file->bs);
+    if (len < 0 || (uint64_t)len <= end) {
+        return;
+    }
+    s->file_len = -1;
+    ret = bdrv_truncate(s->bs->file, end, false, PREALLOC_MODE_OFF, 0, NULL);
+    trace_extree_trim_file(s, len, end, ret);
+}
+
 /* ---- Probe, open, close ---- */
 
 static int extree_probe(const uint8_t *buf, int buf_size, const char *filename)
@@ -801,6 +898,8 @@ static void GRAPH_RDLOCK extree_install_core(BDRVExtreeState *s, Extree *t,
 
     s->t = t;
     s->core_read_only = read_only;
+    s->file_len = -1;
+    s->grow_off = false;
     s->block_size = extree_block_size(t);
     s->node_size = extree_node_size(t);
     extree_set_corrupt_handler(t, extree_corrupt_cb, s);
@@ -939,6 +1038,7 @@ static void GRAPH_RDLOCK extree_do_close(BlockDriverState *bs)
             error_report("extree: Could not commit metadata on close: %s",
                          strerror(-ret));
         }
+        extree_trim_file(s);
     }
     extree_drop_core(s);
 }
@@ -1025,6 +1125,8 @@ extree_reopen_prepare(BDRVReopenState *state, BlockReopenQueue *queue,
             error_setg_errno(errp, -ret, "Could not commit extree metadata");
             goto fail;
         }
+        /* While bs->file still grants resize */
+        extree_trim_file(s);
     }
 
     /*
@@ -1088,6 +1190,18 @@ static void GRAPH_UNLOCKED extree_reopen_abort(BDRVReopenState *state)
     }
 }
 
+static int coroutine_fn GRAPH_RDLOCK
+extree_inactivate_locked(BDRVExtreeState *s)
+{
+    int ret = extree_commit_locked(s);
+
+    if (ret == 0) {
+        /* Reads may run, but below host_end only */
+        extree_trim_file(s);
+    }
+    return ret;
+}
+
 /*
  * Migration (or blockdev-set-active): the destination takes over; commit
  * and stop writing.  Not drained: reads may go on meanwhile.
@@ -1099,7 +1213,7 @@ static int GRAPH_RDLOCK extree_inactivate(BlockDriverState *bs)
 
     trace_extree_inactivate(s);
     extree_detach_aio_context(bs);
-    ret = extree_call_locked(bs, extree_commit_locked);
+    ret = extree_call_locked(bs, extree_inactivate_locked);
     if (ret < 0) {
         error_report("extree: Could not commit metadata on inactivation: %s",
                      strerror(-ret));
@@ -1289,6 +1403,7 @@ extree_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
         extree_io_end(s);
         return ret;
     }
+    extree_grow_file(s, host + got);
     pend = start + got;
     req.start = start;
     req.end = pend;
@@ -1692,6 +1807,7 @@ extree_preallocate(BDRVExtreeState *s, uint64_t start, uint64_t end,
     }
     if (max_end > (uint64_t)file_len) {
         /* metadata: a sparse file that covers the data, like qcow2 */
+        s->file_len = -1;
         ret = bdrv_co_truncate(bs->file, max_end, false,
                                mode == PREALLOC_MODE_METADATA ?
                                PREALLOC_MODE_OFF : mode, 0, errp);
