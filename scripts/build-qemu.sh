@@ -37,9 +37,13 @@ fetch_source() {
               sort -V | tail -n 1)
         [ -n "$ver" ] || die "Debian 13's qemu 10.0.x source package not found by apt-cache showsrc qemu: run scripts/setup-host.sh (it adds a deb-src entry for trixie and runs apt-get update)"
         say "downloading source package qemu $ver"
-        (cd "$cache/deb" && apt-get source --download-only -qq "qemu=$ver" 2>&1 |
-            grep -v 'unsandboxed' >&2) ||
+        # apt-get's own status decides; its output is shown only on failure
+        # (a grep filter's status would fail the step when nothing is left).
+        if ! (cd "$cache/deb" &&
+              apt-get source --download-only -qq "qemu=$ver" >"$cache/apt-source.log" 2>&1); then
+            grep -v 'unsandboxed' "$cache/apt-source.log" >&2 || true
             die "apt-get source qemu=$ver failed: check the network and the deb-src entry"
+        fi
         dsc=$(ls -1 "$cache"/deb/qemu_10.0.*.dsc | sort -V | tail -n 1)
     fi
     echo "$dsc"

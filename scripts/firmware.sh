@@ -33,10 +33,14 @@ if [ ! -f "$rom_dir/usr/share/qemu/kvmvapic.bin" ]; then
     if [ -z "$deb" ]; then
         ver=$(head -n 1 "$top"/build/src/qemu-10.0/debian/changelog 2>/dev/null |
               sed -n 's/^qemu (\(.*\)).*/\1/p')
-        (cd "$cache/deb" &&
-         { { [ -n "$ver" ] && apt-get download -qq "qemu-system-data=$ver"; } ||
-           apt-get download -qq qemu-system-data/trixie; } 2>&1 | grep -v unsandboxed >&2) ||
+        # apt-get's own status decides; its output is shown only on failure
+        # (a grep filter's status would fail the step when nothing is left).
+        if ! (cd "$cache/deb" &&
+              { { [ -n "$ver" ] && apt-get download -qq "qemu-system-data=$ver"; } ||
+                apt-get download -qq qemu-system-data/trixie; } >"$cache/apt-download.log" 2>&1); then
+            grep -v unsandboxed "$cache/apt-download.log" >&2 || true
             die "cannot download Debian 13's qemu-system-data (x86 option ROMs): run scripts/setup-host.sh"
+        fi
         deb=$(ls -1 "$cache"/deb/qemu-system-data_*_all.deb | sort -V | tail -n 1)
     fi
     rm -rf "$rom_dir.tmp"
