@@ -57,6 +57,33 @@ def build(lay, qemu, img):
     print(f"built {img} in {time.perf_counter() - t0:.0f} s")
 
 
+def check_args(prog, a):
+    """The layout of --scenario (built with qemu-io) and the --depths, or
+    exit with a message"""
+    try:
+        lay = images.layout(a.scenario, images.parse_scale(a.scale))
+    except (KeyError, ValueError) as e:
+        sys.exit(f"{prog}: {e}")
+    if lay.tool != "qemu-io":
+        sys.exit(f"{prog}: {a.scenario} is not built with qemu-io")
+    depths = [int(d) for d in a.depths.split(",")]
+    if a.runs < 1 or a.count < 1 or not all(d >= 1 for d in depths):
+        sys.exit(f"{prog}: --runs, --count and --depths must be >= 1")
+    return lay, depths
+
+
+def scenario_image(a, lay, qemu):
+    """--image, or the scenario's image in --dir, built there if missing"""
+    if a.image:
+        return a.image
+    os.makedirs(a.dir, exist_ok=True)
+    img = os.path.join(a.dir, f"{a.scenario}-{a.scale.replace('/', '_')}"
+                       ".extree")
+    if not os.path.exists(img):
+        build(lay, qemu, img)
+    return img
+
+
 def one(qemu, img, size, depth, count, step):
     opts = f"driver=extree,cache-size={size},file.filename={img}"
     argv = ["/usr/bin/time", "-f", "rss %M",
@@ -87,23 +114,9 @@ def main():
     ap.add_argument("--qemu", default=os.path.join(TOP, "build", "qemu"))
     a = ap.parse_args()
 
-    try:
-        lay = images.layout(a.scenario, images.parse_scale(a.scale))
-    except (KeyError, ValueError) as e:
-        sys.exit(f"bench-cache: {e}")
-    if lay.tool != "qemu-io":
-        sys.exit(f"bench-cache: {a.scenario} is not built with qemu-io")
+    lay, depths = check_args("bench-cache", a)
     sizes = a.cache_sizes.split(",")
-    depths = [int(d) for d in a.depths.split(",")]
-    if a.runs < 1 or a.count < 1 or not all(d >= 1 for d in depths):
-        sys.exit("bench-cache: --runs, --count and --depths must be >= 1")
-    img = a.image
-    if not img:
-        os.makedirs(a.dir, exist_ok=True)
-        img = os.path.join(a.dir, f"{a.scenario}-{a.scale.replace('/', '_')}"
-                           ".extree")
-        if not os.path.exists(img):
-            build(lay, a.qemu, img)
+    img = scenario_image(a, lay, a.qemu)
     step, _ = bench.bench_step(lay.vsize)
     print(f"{img}: {lay.desc}; {a.count} reads a run, step {step}")
     print(f"{'depth':>5} {'cache-size':>10} {'median IOPS':>12} "
