@@ -36,7 +36,8 @@ fetch_source() {
         ver=$(apt-cache showsrc qemu 2>/dev/null | awk '/^Version: 1:10\.0\./ { print $2 }' |
               sort -V | tail -n 1)
         [ -n "$ver" ] || die "Debian 13's qemu 10.0.x source package not found by apt-cache showsrc qemu: run scripts/setup-host.sh (it adds a deb-src entry for trixie and runs apt-get update)"
-        say "downloading source package qemu $ver"
+        # stderr: this function's stdout is the .dsc path its caller captures
+        say "downloading source package qemu $ver" >&2
         # apt-get's own status decides; its output is shown only on failure
         # (a grep filter's status would fail the step when nothing is left).
         if ! (cd "$cache/deb" &&
