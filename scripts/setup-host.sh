@@ -98,6 +98,8 @@ pkgs=(
     seabios ipxe-qemu
     socat file bc xz-utils e2fsprogs
     btrfs-progs xfsprogs
+    clang-16 libclang-rt-16-dev llvm-16
+    libnbd-bin python3-libnbd nbdkit
 )
 missing=()
 for p in "${pkgs[@]}"; do
