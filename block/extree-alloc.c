@@ -1028,7 +1028,10 @@ int extree_alloc_rebuild(Extree *t, GArray *used)
     bytenr = t->resv_start;
     t->resv_start += t->node_size;
     log_op(t, bytenr, t->node_size, false);
-    root = extree_node_new(t, bytenr, EXTREE_TREE_FREE, 0);
+    ret = extree_node_new(t, bytenr, EXTREE_TREE_FREE, 0, &root);
+    if (ret < 0) {
+        return ret;
+    }
     extree_node_unref(t, root);
     ft->root = bytenr;
     ft->root_gen = t->trans_gen;

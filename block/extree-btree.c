@@ -57,24 +57,32 @@ static uint64_t path_node_end(ExtreeTree *tree, ExtreePath *p, int level)
     return UINT64_MAX;
 }
 
+/* What child @slot of @parent (whose own key bound is @parent_end) must be */
+static void child_expect(ExtreeTree *tree, const ExtreeNode *parent, int slot,
+                         uint64_t parent_end, ExtreeNodeExpect *e)
+{
+    ExtreeKeyPtr kp;
+
+    ptr_get(parent, slot, &kp);
+    e->owner = tree->owner;
+    e->level = node_level(parent) - 1;
+    e->generation = kp.child_gen;
+    e->has_first_key = true;
+    e->first_key = kp.key;
+    e->key_end = slot + 1 < (int)node_nritems(parent) ?
+                 ptr_key(parent, slot + 1) : parent_end;
+    e->has_bytes = true;
+    e->bytes = kp.bytes;
+}
+
 /* Pinned child @slot of @parent (whose own key bound is @parent_end) */
 static int get_child(Extree *t, ExtreeTree *tree, ExtreeNode *parent,
                      int slot, uint64_t parent_end, ExtreeNode **out)
 {
     ExtreeNodeExpect e;
-    ExtreeKeyPtr kp;
 
-    ptr_get(parent, slot, &kp);
-    e.owner = tree->owner;
-    e.level = node_level(parent) - 1;
-    e.generation = kp.child_gen;
-    e.has_first_key = true;
-    e.first_key = kp.key;
-    e.key_end = slot + 1 < (int)node_nritems(parent) ?
-                ptr_key(parent, slot + 1) : parent_end;
-    e.has_bytes = true;
-    e.bytes = kp.bytes;
-    return extree_node_get(t, kp.child, &e, out);
+    child_expect(tree, parent, slot, parent_end, &e);
+    return extree_node_get(t, ptr_get_child(parent, slot), &e, out);
 }
 
 /*
@@ -162,7 +170,10 @@ static int cow_node(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
     if (ret < 0) {
         return ret;
     }
-    c = extree_node_new_copy(t, bytenr, tree->owner, level, n);
+    ret = extree_node_new_copy(t, bytenr, tree->owner, level, n, &c);
+    if (ret < 0) {
+        return ret;
+    }
     if (level == (int)tree->level) {
         tree->root = bytenr;
         tree->root_gen = t->trans_gen;
@@ -201,17 +212,18 @@ static void pcache_store(Extree *t, ExtreeTree *tree, const ExtreePath *p)
 
 /*
  * The last path's node at @level if it is the node @bytenr the search
- * goes to next (same location, still in the tree, as expected), pinned;
+ * goes to next (same location, still in the tree, as @e expects), pinned;
  * else NULL.  A node dropped from the tree is an orphan, and a live node is
- * the only one at its location, so this is the node a cache lookup finds.
+ * the only one at its location, so this is the node a cache lookup finds;
+ * one that disagrees with @e is left to extree_node_get() to report.
  */
-static ExtreeNode *pcache_get(Extree *t, ExtreeTree *tree, int level,
-                              uint64_t bytenr, uint64_t gen)
+static ExtreeNode *pcache_get(Extree *t, ExtreeTree *tree, uint64_t bytenr,
+                              const ExtreeNodeExpect *e)
 {
-    ExtreeNode *n = t->pcache[tree->owner == EXTREE_TREE_FREE].nodes[level];
+    ExtreeNode *n =
+        t->pcache[tree->owner == EXTREE_TREE_FREE].nodes[e->level];
 
-    if (n && n->bytenr == bytenr && !n->orphan && node_gen(n) == gen &&
-        node_level(n) == level && node_owner(n) == tree->owner) {
+    if (n && n->bytenr == bytenr && !n->orphan && extree_node_matches(n, e)) {
         extree_node_ref(n);
         return n;
     }
@@ -237,17 +249,16 @@ static int bt_search(Extree *t, ExtreeTree *tree, uint64_t dkey, uint64_t key,
 
     extree_path_release(t, p);
     p->readahead = 0;
-    n = pcache_get(t, tree, tree->level, tree->root, tree->root_gen);
+    extree_tree_expect(t, tree, &e);
+    n = pcache_get(t, tree, tree->root, &e);
     if (!n) {
         lookup = true;
-        extree_tree_expect(t, tree, &e);
         ret = extree_node_get(t, tree->root, &e, &n);
         if (ret < 0) {
             return ret;
         }
     }
     for (int level = tree->level; ; level--) {
-        ExtreeKeyPtr kp;
         int slot;
 
         p->nodes[level] = n;
@@ -264,11 +275,12 @@ static int bt_search(Extree *t, ExtreeTree *tree, uint64_t dkey, uint64_t key,
         }
         slot = ptr_slot(n, dkey);
         p->slots[level] = slot;
-        ptr_get(n, slot, &kp);
-        n = pcache_get(t, tree, level - 1, kp.child, kp.child_gen);
+        child_expect(tree, n, slot, end, &e);
+        n = pcache_get(t, tree, ptr_get_child(n, slot), &e);
         if (!n) {
             lookup = true;
-            ret = get_child(t, tree, p->nodes[level], slot, end, &n);
+            ret = extree_node_get(t, ptr_get_child(p->nodes[level], slot),
+                                  &e, &n);
             if (ret < 0) {
                 goto fail;
             }
@@ -318,18 +330,8 @@ static void readahead_leaves(Extree *t, ExtreeTree *tree, ExtreePath *p)
     e = g_new(ExtreeNodeExpect, want);
     bytenr = g_new(uint64_t, want);
     for (; n < want; slot++, n++) {
-        ExtreeKeyPtr kp;
-
-        ptr_get(parent, slot, &kp);
-        bytenr[n] = kp.child;
-        e[n].owner = tree->owner;
-        e[n].level = 0;
-        e[n].generation = kp.child_gen;
-        e[n].has_first_key = true;
-        e[n].first_key = kp.key;
-        e[n].key_end = slot + 1 < nr ? ptr_key(parent, slot + 1) : parent_end;
-        e[n].has_bytes = true;
-        e[n].bytes = kp.bytes;
+        bytenr[n] = ptr_get_child(parent, slot);
+        child_expect(tree, parent, slot, parent_end, &e[n]);
     }
     extree_node_readahead(t, n, bytenr, e);
     g_free(e);
@@ -558,7 +560,10 @@ static int grow_root(Extree *t, ExtreeTree *tree, ExtreePath *p)
     if (ret < 0) {
         return ret;
     }
-    root = extree_node_new(t, bytenr, tree->owner, level + 1);
+    ret = extree_node_new(t, bytenr, tree->owner, level + 1, &root);
+    if (ret < 0) {
+        return ret;
+    }
     kp.key = node_key(old, 0);
     kp.child = old->bytenr;
     kp.child_gen = node_gen(old);
@@ -610,7 +615,10 @@ static int insert_at(Extree *t, ExtreeTree *tree, ExtreePath *p, int level,
     if (ret < 0) {
         return ret;
     }
-    right = extree_node_new(t, bytenr, tree->owner, level);
+    ret = extree_node_new(t, bytenr, tree->owner, level, &right);
+    if (ret < 0) {
+        return ret;
+    }
     memcpy(node_item(right, 0, isz), node_item(n, mid, isz),
            (size_t)(nr - mid) * isz);
     memset(node_item(n, mid, isz), 0, (size_t)(nr - mid) * isz);
@@ -1372,8 +1380,13 @@ static inline int cursor_query_fast(ExtreeCursor *c, uint64_t guest,
 static inline int query_limit(const ExtreeCursor *c, uint64_t guest,
                               uint64_t max_bytes, uint64_t *limit)
 {
-    uint64_t vsize = c->t->virtual_size;
+    uint64_t vsize;
 
+    /* a cursor reset by its owner when its handle went */
+    if (!c->t) {
+        return -EINVAL;
+    }
+    vsize = c->t->virtual_size;
     if (guest >= vsize || max_bytes == 0) {
         return -EINVAL;
     }

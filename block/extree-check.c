@@ -40,6 +40,8 @@ typedef struct CheckCtx {
      * free-space tree (or its accounting, or free space claimed twice)
      */
     uint64_t extent_bad, free_bad;
+    /* the superblock's extent_count is wrong, the extent tree sound */
+    bool count_bad;
 } CheckCtx;
 
 /* One corruption, found in the extent tree (@free false) or the free tree */
@@ -261,16 +263,23 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
     Extree *t = c->t;
     ExtreeCheckResult *res = c->res;
     bool free_bad = c->free_bad || !t->alloc_loaded;
+    uint64_t fixed = 0;
     int ret = 0;
 
     if (t->read_only || t->broken || c->extent_bad ||
-        (free_bad && !(fix & EXTREE_FIX_ERRORS))) {
+        ((free_bad || c->count_bad) && !(fix & EXTREE_FIX_ERRORS))) {
         if (leaks->len && (fix & EXTREE_FIX_LEAKS)) {
             say(c, "leaks not repaired: %s", t->read_only ? "read-only" :
                 t->broken ? "the image handle failed earlier" :
                 "the image has corruptions");
         }
         return 0;
+    }
+    if (c->count_bad) {
+        /* "-r all": the walk counted the extent tree's items */
+        t->trees[EXT_TREE_EXTENT].nitems = res->extents;
+        t->super_dirty = true;
+        fixed++;
     }
     if (free_bad) {
         /*
@@ -291,22 +300,24 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
             return ret;
         }
         say(c, "free-space tree rebuilt from the extent tree");
-        res->repaired_corruptions = c->free_bad;
+        res->repaired_corruptions = c->free_bad + fixed;
         res->repaired_leaks = res->leaks;
         return 0;
     }
-    if (!(fix & EXTREE_FIX_LEAKS)) {
-        return 0;
-    }
-    for (guint i = 0; i < leaks->len && ret == 0; i++) {
+    for (guint i = 0; (fix & EXTREE_FIX_LEAKS) && i < leaks->len &&
+         ret == 0; i++) {
         const Claim *l = &g_array_index(leaks, Claim, i);
         ret = extree_alloc_add_free(t, l->start, l->len);
         if (ret == 0) {
             res->repaired_leaks++;
         }
     }
-    if (ret == 0 && leaks->len) {
+    if (ret == 0 && extree_is_dirty(t)) {
         ret = extree_commit(t);
+    }
+    if (ret == 0 && fixed) {
+        say(c, "extent_count set to %" PRIu64, res->extents);
+        res->repaired_corruptions += fixed;
     }
     return ret;
 }
@@ -355,7 +366,8 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
         walk(&c, tree->owner, tree->root, &e);
     }
     if (res->extents != t->trees[EXT_TREE_EXTENT].nitems) {
-        count(&c, false);
+        res->corruptions++;
+        c.count_bad = true;
         say(&c, "corrupt superblock at offset 0x%" PRIx64 ": extent_count "
             "mismatch, have %" PRIu64 " expect %" PRIu64, sb_off,
             t->trees[EXT_TREE_EXTENT].nitems, res->extents);

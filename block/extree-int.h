@@ -91,6 +91,12 @@ typedef struct ExtreeNode {
      * none (clean and pinned)
      */
     struct ExtreeNode *prev, *next;
+    /*
+     * child_bytes the node's parent must carry: the lengths of the leaf
+     * items under it.  Set when the node is read or committed; stale while
+     * dirty (the parent's value is refreshed only at commit).
+     */
+    uint64_t bytes;
     uint32_t refcnt;
     bool dirty;
     bool orphan;                /* dropped from the tree while pinned */
@@ -160,6 +166,10 @@ static inline void ptr_get(const ExtreeNode *n, int i, ExtreeKeyPtr *kp)
     kp->child = ext_ld64(p + 8);
     kp->child_gen = ext_ld64(p + 16);
     kp->bytes = ext_ld64(p + 24);
+}
+static inline uint64_t ptr_get_child(const ExtreeNode *n, int i)
+{
+    return ext_ld64(node_item(n, i, EXT_PTR_ISZ) + 8);
 }
 static inline uint64_t ptr_bytes(const ExtreeNode *n, int i)
 {
@@ -328,10 +338,12 @@ void extree_cache_init(Extree *t);
 void extree_cache_destroy(Extree *t);
 int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
                     ExtreeNode **out);
-ExtreeNode *extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
-                            unsigned level);
-ExtreeNode *extree_node_new_copy(Extree *t, uint64_t bytenr, uint32_t owner,
-                                 unsigned level, const ExtreeNode *src);
+int extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
+                    unsigned level, ExtreeNode **out);
+int extree_node_new_copy(Extree *t, uint64_t bytenr, uint32_t owner,
+                         unsigned level, const ExtreeNode *src,
+                         ExtreeNode **out);
+bool extree_node_matches(const ExtreeNode *n, const ExtreeNodeExpect *e);
 void extree_node_ref(ExtreeNode *n);
 void extree_node_unref(Extree *t, ExtreeNode *n);
 void extree_node_drop(Extree *t, ExtreeNode *n);

@@ -236,21 +236,36 @@ void extree_node_drop(Extree *t, ExtreeNode *n)
 }
 
 /*
- * A new node of this transaction, dirty and pinned once: empty, or with
- * the items of @src (copy-on-write).  Bytes after the last item are zero,
- * so that node images (and checksums) are deterministic.
+ * A new node of this transaction at the newly allocated @bytenr, dirty and
+ * pinned once: empty, or with the items of @src (copy-on-write).  Bytes
+ * after the last item are zero, so that node images (and checksums) are
+ * deterministic.  A node still cached at @bytenr is a stale clean copy of
+ * a freed location and is forgotten; if it is dirty or pinned, it is part
+ * of the tree: the allocator handed out a block that has an owner (the
+ * free-space tree is damaged), and writing there would destroy it.
  */
-ExtreeNode *extree_node_new_copy(Extree *t, uint64_t bytenr, uint32_t owner,
-                                 unsigned level, const ExtreeNode *src)
+int extree_node_new_copy(Extree *t, uint64_t bytenr, uint32_t owner,
+                         unsigned level, const ExtreeNode *src,
+                         ExtreeNode **out)
 {
-    ExtreeNode *n = g_new0(ExtreeNode, 1);
-    ExtreeNode *old = g_hash_table_lookup(t->cache, &bytenr);
+    ExtreeNode *n, *old = g_hash_table_lookup(t->cache, &bytenr);
     size_t used = EXTREE_NODE_HEADER_SIZE;
 
+    *out = NULL;
     if (old) {
-        /* A stale clean copy of a freed location: must not be found */
+        if (old->dirty || old->refcnt) {
+            t->broken = true;
+            return extree_corrupt(t, bytenr, "corrupt free tree: block at "
+                                  "offset 0x%" PRIx64 " allocated for a new "
+                                  "node is in use by a %s %s node (free "
+                                  "space overlaps the %s)", bytenr,
+                                  old->dirty ? "dirty" : "pinned",
+                                  extree_tree_name(node_owner(old)),
+                                  extree_tree_name(node_owner(old)));
+        }
         extree_node_drop(t, old);
     }
+    n = g_new0(ExtreeNode, 1);
     n->bytenr = bytenr;
     n->buf = buf_alloc(t);
     if (src) {
@@ -275,13 +290,14 @@ ExtreeNode *extree_node_new_copy(Extree *t, uint64_t bytenr, uint32_t owner,
     t->ncached++;
     t->ndirty++;
     t->seq++;
-    return n;
+    *out = n;
+    return 0;
 }
 
-ExtreeNode *extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
-                            unsigned level)
+int extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
+                    unsigned level, ExtreeNode **out)
 {
-    return extree_node_new_copy(t, bytenr, owner, level, NULL);
+    return extree_node_new_copy(t, bytenr, owner, level, NULL, out);
 }
 
 /* ---- validation ---- */
@@ -565,9 +581,67 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
 }
 
 /*
- * Get node @bytenr pinned: from the cache (O(1)) or read and validated.
- * A cached node is checked only for owner, level and generation (it was
- * fully validated when read, and a node changes only through CoW).
+ * What a cached node must agree with, whichever parent reaches it: the
+ * parent's expectations of owner, level, generation, first key, key range
+ * and (clean nodes) child_bytes.  The node's items were validated when it
+ * was read or are this transaction's own, so only the first and the last
+ * item are looked at: O(1).  NULL if it agrees, else why not (g_malloc'd).
+ * Checked on every descent, cached or not, as btrfs checks a cached
+ * buffer against its parent: a node validated under its rightful parent
+ * must not be trusted under another that points at it by mistake.
+ */
+static char *node_disagrees(const ExtreeNode *n, const ExtreeNodeExpect *e)
+{
+    unsigned level = node_level(n);
+    uint32_t nr = node_nritems(n);
+
+    if (node_owner(n) != e->owner || level != e->level ||
+        node_gen(n) != e->generation) {
+        return g_strdup_printf("have owner %u level %u generation %" PRIu64
+                               " expect %u %u %" PRIu64, node_owner(n),
+                               level, node_gen(n), e->owner, e->level,
+                               e->generation);
+    }
+    if (nr == 0) {
+        if (level > 0 || e->has_first_key) {
+            return g_strdup_printf("empty %s node",
+                                   level ? "interior" : "non-root leaf");
+        }
+    } else {
+        uint64_t first = node_key(n, 0);
+        uint64_t last = level ? ptr_key(n, nr - 1)
+                              : leaf_key(n, nr - 1) + leaf_len(n, nr - 1);
+
+        if (e->has_first_key && first != e->first_key) {
+            return g_strdup_printf("first key mismatch, have 0x%" PRIx64
+                                   " expect 0x%" PRIx64 " (parent key)",
+                                   first, e->first_key);
+        }
+        if (level ? last >= e->key_end : last > e->key_end) {
+            return g_strdup_printf("items beyond parent range, have end 0x%"
+                                   PRIx64 " limit 0x%" PRIx64, last,
+                                   e->key_end);
+        }
+    }
+    if (e->has_bytes && !n->dirty && n->bytes != e->bytes) {
+        return g_strdup_printf("subtree bytes mismatch, have 0x%" PRIx64
+                               " expect 0x%" PRIx64 " (parent's child_bytes)",
+                               n->bytes, e->bytes);
+    }
+    return NULL;
+}
+
+bool extree_node_matches(const ExtreeNode *n, const ExtreeNodeExpect *e)
+{
+    char *why = node_disagrees(n, e);
+
+    g_free(why);
+    return why == NULL;
+}
+
+/*
+ * Get node @bytenr pinned: from the cache (O(1), checked against the
+ * parent's expectations by node_disagrees()) or read and validated in full.
  */
 int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
                     ExtreeNode **out)
@@ -580,15 +654,13 @@ int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
     *out = NULL;
     if (n) {
         t->stats.cache_hits++;
-        if (node_owner(n) != e->owner || node_level(n) != e->level ||
-            node_gen(n) != e->generation) {
-            return extree_corrupt(t, bytenr, "corrupt %s node at offset 0x%"
-                                  PRIx64 ": node shared with another "
-                                  "parent, have owner %u level %u "
-                                  "generation %" PRIu64 " expect %u %u %"
-                                  PRIu64, tree, bytenr, node_owner(n),
-                                  node_level(n), node_gen(n), e->owner,
-                                  e->level, e->generation);
+        why = node_disagrees(n, e);
+        if (why) {
+            ret = extree_corrupt(t, bytenr, "corrupt %s node at offset 0x%"
+                                 PRIx64 ": %s; the node is reachable from "
+                                 "two parents", tree, bytenr, why);
+            g_free(why);
+            return ret;
         }
         node_pin(t, n);
         *out = n;
@@ -640,6 +712,7 @@ int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
         return extree_node_get(t, bytenr, e, out);
     }
     n->refcnt = 1;
+    n->bytes = extree_node_subtree_bytes(n);
     g_hash_table_insert(t->cache, &n->bytenr, n);
     t->ncached++;
     extree_cache_shrink(t);
@@ -718,6 +791,7 @@ void extree_node_readahead(Extree *t, int n, const uint64_t *bytenr,
             node_free(t, nd);
             continue;
         }
+        nd->bytes = extree_node_subtree_bytes(nd);
         g_hash_table_insert(t->cache, &nd->bytenr, nd);
         t->ncached++;
         list_add_tail(&t->lru, nd, EXT_LIST_LRU);
@@ -852,6 +926,7 @@ void extree_node_commit_done(Extree *t)
         ExtreeNode *n = t->dirty.next;
         list_del(n);
         n->dirty = false;
+        n->bytes = extree_node_subtree_bytes(n);
         t->ndirty--;
         if (n->refcnt == 0) {
             list_add_tail(&t->lru, n, EXT_LIST_LRU);

@@ -78,6 +78,11 @@ static void sb_encode(const ExtreeSuper *s, uint8_t *buf)
     ext_st32(buf + SB_OFF(csum), sb_csum(buf));
 }
 
+static bool all_zero(const uint8_t *p, size_t len)
+{
+    return len == 0 || (p[0] == 0 && memcmp(p, p + 1, len - 1) == 0);
+}
+
 static bool is_pow2_in(uint64_t v, uint64_t lo, uint64_t hi)
 {
     return v >= lo && v <= hi && (v & (v - 1)) == 0;
@@ -144,8 +149,10 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     mlen = buf[SB_OFF(backing_fmt_len)] |
            (buf[SB_OFF(backing_fmt_len) + 1] << 8);
 
-    if (s->generation == 0) {
-        *why = g_strdup("bad generation 0");
+    if (s->generation == 0 || s->generation > EXTREE_MAX_GENERATION) {
+        *why = g_strdup_printf("bad generation %" PRIu64 " (max %" PRIu64 ")",
+                               s->generation,
+                               (uint64_t)EXTREE_MAX_GENERATION);
         return -EINVAL;
     }
     if (!is_pow2_in(s->block_size, EXTREE_MIN_BLOCK_SIZE,
@@ -185,8 +192,13 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
             return -EINVAL;
         }
     }
-    if (s->extent_count > s->virtual_size / s->block_size + 1) {
-        *why = g_strdup_printf("bad extent_count %" PRIu64, s->extent_count);
+    if (s->extent_count >
+        EXTREE_ROUND_UP(s->virtual_size, s->block_size) / s->block_size) {
+        *why = g_strdup_printf("bad extent_count %" PRIu64 " (max %" PRIu64
+                               ")", s->extent_count,
+                               EXTREE_ROUND_UP(s->virtual_size,
+                                               s->block_size) /
+                               s->block_size);
         return -EINVAL;
     }
     if (s->free_bytes > s->host_end - data_start ||
@@ -196,7 +208,11 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     }
     if (flen > EXTREE_BACKING_FILE_MAX || mlen > EXTREE_BACKING_FMT_MAX ||
         memchr(buf + SB_OFF(backing_file), 0, flen) ||
-        memchr(buf + SB_OFF(backing_fmt), 0, mlen) || (mlen && !flen)) {
+        memchr(buf + SB_OFF(backing_fmt), 0, mlen) || (mlen && !flen) ||
+        !all_zero(buf + SB_OFF(backing_file) + flen,
+                  EXTREE_BACKING_FILE_MAX + 1 - flen) ||
+        !all_zero(buf + SB_OFF(backing_fmt) + mlen,
+                  EXTREE_BACKING_FMT_MAX + 1 - mlen)) {
         *why = g_strdup_printf("bad backing file name (length %u, format "
                                "length %u)", flen, mlen);
         return -EINVAL;
@@ -230,15 +246,63 @@ static void super_from_tree(Extree *t, ExtreeSuper *s)
               sizeof(s->backing_fmt));
 }
 
-static int write_super(ExtreeBackend *be, const ExtreeSuper *s)
+/*
+ * Write superblock @s into its slot, after the validation a reader applies
+ * to it: a writer must never commit what its own reader would reject (the
+ * image would fall back to an older generation, or be lost).  -EIO with
+ * *@why (g_malloc'd) if @s is invalid; nothing is written then.
+ */
+static int write_super(ExtreeBackend *be, const ExtreeSuper *s, char **why)
 {
     uint8_t *buf = g_malloc(EXTREE_SB_SIZE);
+    ExtreeSuper check;
+    bool sum_ok;
     int ret;
 
+    *why = NULL;
     sb_encode(s, buf);
+    if (sb_decode(buf, &check, why, &sum_ok) < 0) {
+        g_free(buf);
+        return -EIO;
+    }
     ret = be->ops->pwrite(be->opaque, (s->generation % 2) * EXTREE_SB_SIZE,
                           buf, EXTREE_SB_SIZE);
     g_free(buf);
+    return ret;
+}
+
+/* Check @s as a reader would, without writing it: invalid is corruption */
+static int check_super(Extree *t, const ExtreeSuper *s)
+{
+    uint8_t *buf = g_malloc(EXTREE_SB_SIZE);
+    ExtreeSuper check;
+    char *why = NULL;
+    bool sum_ok;
+    int ret = 0;
+
+    sb_encode(s, buf);
+    if (sb_decode(buf, &check, &why, &sum_ok) < 0) {
+        ret = extree_corrupt(t, (s->generation % 2) * EXTREE_SB_SIZE,
+                             "corrupt superblock at offset 0x%" PRIx64
+                             ": refusing to commit generation %" PRIu64
+                             " with %s", (s->generation % 2) *
+                             (uint64_t)EXTREE_SB_SIZE, s->generation, why);
+        g_free(why);
+    }
+    g_free(buf);
+    return ret;
+}
+
+/* write_super() for a handle: an invalid superblock is corruption */
+static int write_super_t(Extree *t, const ExtreeSuper *s)
+{
+    char *why = NULL;
+    int ret = check_super(t, s);
+
+    if (ret == 0) {
+        ret = write_super(t->be, s, &why);
+        g_free(why);
+    }
     return ret;
 }
 
@@ -272,8 +336,10 @@ int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
     uint32_t bs = p->block_size ? p->block_size : EXTREE_DEFAULT_BLOCK_SIZE;
     uint32_t ns = p->node_size ? p->node_size : EXTREE_DEFAULT_NODE_SIZE;
     uint64_t data_start;
-    ExtreeSuper s;
+    ExtreeSuper s, check;
     uint8_t *node, *buf;
+    char *why = NULL;
+    bool sum_ok;
     int ret;
 
     *errmsg = NULL;
@@ -333,6 +399,14 @@ int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
         ret = be->ops->flush(be->opaque);
     }
     sb_encode(&s, buf);
+    if (ret == 0 && sb_decode(buf, &check, &why, &sum_ok) < 0) {
+        /* create's own checks above must have caught this */
+        *errmsg = g_strdup_printf("Invalid new superblock: %s", why);
+        g_free(why);
+        g_free(node);
+        g_free(buf);
+        return -EINVAL;
+    }
     for (int slot = 0; slot < 2 && ret == 0; slot++) {
         ret = be->ops->pwrite(be->opaque, slot * EXTREE_SB_SIZE, buf,
                               EXTREE_SB_SIZE);
@@ -480,6 +554,14 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
                            "read-only");
         g_free(skip.why);
         return -EACCES;
+    }
+
+    if (sb[best].generation >= EXTREE_MAX_GENERATION && !o->read_only) {
+        *errmsg = g_strdup_printf("Generation %" PRIu64 " is at the limit "
+                                  "of the format; the image can only be "
+                                  "opened read-only", sb[best].generation);
+        g_free(skip.why);
+        return -EROFS;
     }
 
     t = g_new0(Extree, 1);
@@ -650,7 +732,18 @@ int extree_commit(Extree *t)
         goto fail;
     }
 
-    /* 3. Every dirty node to its new location (never part of G) */
+    /*
+     * 3. Every dirty node to its new location (never part of G).  First
+     *    the superblock G + 1 is built and checked as a reader would
+     *    check it: if it is invalid (a count gone out of range because
+     *    the one read was wrong), nothing is written and G stays.
+     */
+    super_from_tree(t, &s);
+    ret = check_super(t, &s);
+    if (ret < 0) {
+        t->broken = true;
+        goto fail;
+    }
     ret = extree_node_write_dirty(t);
     if (ret < 0) {
         goto fail;
@@ -666,8 +759,7 @@ int extree_commit(Extree *t)
     }
 
     /* 5. Superblock G + 1 into slot (G + 1) % 2; slot G % 2 keeps G */
-    super_from_tree(t, &s);
-    ret = write_super(t->be, &s);
+    ret = write_super_t(t, &s);
     if (ret < 0) {
         goto fail;
     }
@@ -758,7 +850,7 @@ int extree_mark_corrupt(Extree *t)
     s.generation = t->generation + 1;
     s.incompat |= EXTREE_INCOMPAT_CORRUPT;
     s.autoclear = 0;
-    ret = write_super(t->be, &s);
+    ret = write_super_t(t, &s);
     if (ret == 0) {
         ret = t->be->ops->flush(t->be->opaque);
     }
@@ -805,7 +897,8 @@ int extree_mark_corrupt_image(ExtreeBackend *be)
     sb[best].generation++;
     sb[best].incompat |= EXTREE_INCOMPAT_CORRUPT;
     sb[best].autoclear = 0;
-    ret = write_super(be, &sb[best]);
+    ret = write_super(be, &sb[best], &msg);
+    g_free(msg);
     if (ret == 0) {
         ret = be->ops->flush(be->opaque);
     }

@@ -52,6 +52,13 @@
 #define EXTREE_MAX_VIRTUAL_SIZE \
     (INT64_MAX & ~(uint64_t)(EXTREE_MAX_BLOCK_SIZE - 1))
 
+/*
+ * Largest generation: far beyond any real count of commits (2^62 at a
+ * million a second lasts 146,000 years), so that a damaged superblock
+ * cannot make the next generation wrap
+ */
+#define EXTREE_MAX_GENERATION   ((uint64_t)1 << 62)
+
 #define EXTREE_BACKING_FILE_MAX 1023
 #define EXTREE_BACKING_FMT_MAX  31
 
