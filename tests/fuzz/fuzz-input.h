@@ -1,0 +1,288 @@
+/*
+ * extree fuzzing: the input format and a raw image parser shared by the
+ * fuzz target, its structure-aware mutator and the seed generator
+ *
+ * An input is an extree image, optionally followed by a trailer that
+ * records how the mutator changed it:
+ *
+ *   image bytes | record 0 | record 1 | ... | footer (FzFooter, 24 bytes)
+ *   record:     offset (u64) | length (u32) | the image bytes at
+ *               [offset, offset + length) *before* this edit
+ *
+ * Undoing the records from the last to the first gives back the image the
+ * mutator started from; the footer holds its crc32c, so an input whose
+ * image bytes were changed some other way is recognised and fuzzed without
+ * the oracle.  All integers are little-endian.  An input without a valid
+ * footer is an image and nothing else (the seeds).
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#ifndef TESTS_FUZZ_FUZZ_INPUT_H
+#define TESTS_FUZZ_FUZZ_INPUT_H
+
+#include "extree-int.h"
+
+#define FZ_MAGIC        0x5a465458u     /* "XTFZ" */
+#define FZ_FOOTER_SIZE  24
+#define FZ_REC_HDR      12
+#define FZ_MAX_RECORDS  24
+
+/* Trailer fields at the end of an input */
+typedef struct FzFooter {
+    uint64_t ops_seed;          /* drives the target's queries and writes */
+    uint32_t orig_crc;          /* crc32c of the image with records undone */
+    uint32_t nrec;
+    uint32_t trailer_len;       /* records + footer */
+} FzFooter;
+
+typedef struct FzRecord {
+    uint64_t off;
+    uint32_t len;
+    const uint8_t *orig;        /* into the input */
+} FzRecord;
+
+typedef struct FzInput {
+    const uint8_t *img;
+    size_t img_len;
+    bool has_trailer;
+    FzFooter f;
+    FzRecord rec[FZ_MAX_RECORDS];
+} FzInput;
+
+/* Split @data into image and trailer; false if the trailer is malformed */
+static inline bool fz_input_parse(const uint8_t *data, size_t size,
+                                  FzInput *in)
+{
+    const uint8_t *ft;
+    const uint8_t *p, *end;
+
+    memset(in, 0, sizeof(*in));
+    in->img = data;
+    in->img_len = size;
+    if (size < FZ_FOOTER_SIZE) {
+        return true;
+    }
+    ft = data + size - FZ_FOOTER_SIZE;
+    if (ext_ld32(ft + 20) != FZ_MAGIC) {
+        return true;
+    }
+    in->f.ops_seed = ext_ld64(ft);
+    in->f.orig_crc = ext_ld32(ft + 8);
+    in->f.nrec = ext_ld32(ft + 12);
+    in->f.trailer_len = ext_ld32(ft + 16);
+    if (in->f.trailer_len < FZ_FOOTER_SIZE || in->f.trailer_len > size ||
+        in->f.nrec > FZ_MAX_RECORDS) {
+        return false;
+    }
+    in->img_len = size - in->f.trailer_len;
+    p = data + in->img_len;
+    end = ft;
+    for (uint32_t i = 0; i < in->f.nrec; i++) {
+        FzRecord *r = &in->rec[i];
+
+        if (end - p < FZ_REC_HDR) {
+            return false;
+        }
+        r->off = ext_ld64(p);
+        r->len = ext_ld32(p + 8);
+        p += FZ_REC_HDR;
+        if ((uint64_t)(end - p) < r->len || r->off > in->img_len ||
+            r->len > in->img_len - r->off) {
+            return false;
+        }
+        r->orig = p;
+        p += r->len;
+    }
+    if (p != end) {
+        return false;
+    }
+    in->has_trailer = true;
+    return true;
+}
+
+/* The image before the recorded edits, in @buf (img_len bytes) */
+static inline void fz_input_undo(const FzInput *in, uint8_t *buf)
+{
+    memcpy(buf, in->img, in->img_len);
+    for (int i = in->f.nrec - 1; i >= 0; i--) {
+        memcpy(buf + in->rec[i].off, in->rec[i].orig, in->rec[i].len);
+    }
+}
+
+/* ---- Raw image parsing: the live nodes reachable from the superblock ---- */
+
+#define FZ_MAX_NODES    4096
+
+typedef struct FzNode {
+    uint64_t bytenr;
+    uint64_t gen;
+    uint32_t owner;
+    unsigned level;
+    uint32_t nritems;           /* clamped to the node's capacity */
+    uint64_t lo, hi;            /* key range from the parents */
+} FzNode;
+
+typedef struct FzImage {
+    const uint8_t *buf;
+    size_t len;
+    int slot;                   /* newest superblock with a good checksum */
+    uint64_t gen, vsize, host_end;
+    uint32_t bs, ns;
+    int nnodes;
+    FzNode nodes[FZ_MAX_NODES];
+} FzImage;
+
+static inline uint32_t fz_sb_csum(const uint8_t *sb)
+{
+    uint8_t tmp[EXTREE_SB_SIZE];
+
+    memcpy(tmp, sb, EXTREE_SB_SIZE);
+    memset(tmp + 16, 0, 4);
+    return extree_crc32c(0, tmp, EXTREE_SB_SIZE);
+}
+
+static inline bool fz_sb_ok(const uint8_t *sb)
+{
+    return ext_ld64(sb) == EXTREE_MAGIC && ext_ld32(sb + 16) == fz_sb_csum(sb);
+}
+
+static inline int fz_find_node(const FzImage *im, uint64_t bytenr)
+{
+    for (int i = 0; i < im->nnodes; i++) {
+        if (im->nodes[i].bytenr == bytenr) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* Node whose bytes contain [off, off + len), or -1 */
+static inline int fz_node_at(const FzImage *im, uint64_t off, uint64_t len)
+{
+    for (int i = 0; i < im->nnodes; i++) {
+        uint64_t b = im->nodes[i].bytenr;
+
+        if (off >= b && off - b < im->ns && len <= im->ns - (off - b)) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static inline void fz_add_tree(FzImage *im, uint32_t owner, uint64_t root,
+                               uint64_t hi)
+{
+    int first = im->nnodes;
+
+    if (fz_find_node(im, root) >= 0 || im->nnodes == FZ_MAX_NODES) {
+        return;
+    }
+    im->nodes[im->nnodes++] = (FzNode) { .bytenr = root, .lo = 0, .hi = hi };
+    /* Breadth first; a node appears once even if two parents point at it */
+    for (int i = first; i < im->nnodes; i++) {
+        FzNode *n = &im->nodes[i];
+        const uint8_t *b;
+        uint32_t cap;
+
+        if (n->bytenr > im->len || im->len - n->bytenr < im->ns) {
+            continue;
+        }
+        b = im->buf + n->bytenr;
+        if (ext_ld32(b + EXT_NH_MAGIC) != EXTREE_NODE_MAGIC) {
+            continue;
+        }
+        n->gen = ext_ld64(b + EXT_NH_GEN);
+        n->owner = ext_ld32(b + EXT_NH_OWNER);
+        n->level = b[EXT_NH_LEVEL];
+        cap = n->level ? EXTREE_INTERIOR_CAPACITY(im->ns)
+                       : EXTREE_LEAF_CAPACITY(im->ns);
+        n->nritems = MIN(ext_ld32(b + EXT_NH_NRITEMS), cap);
+        if (!n->level || n->owner != owner) {
+            continue;
+        }
+        for (uint32_t k = 0; k < n->nritems; k++) {
+            const uint8_t *it = b + EXTREE_NODE_HEADER_SIZE + k * EXT_PTR_ISZ;
+            uint64_t child = ext_ld64(it + 8);
+
+            if (im->nnodes == FZ_MAX_NODES) {
+                break;
+            }
+            if (fz_find_node(im, child) >= 0 || (child % im->bs) ||
+                child < EXTREE_SB_AREA) {
+                continue;
+            }
+            im->nodes[im->nnodes++] = (FzNode) {
+                .bytenr = child,
+                .lo = ext_ld64(it),
+                .hi = k + 1 < n->nritems ? ext_ld64(it + EXT_PTR_ISZ)
+                                         : n->hi,
+            };
+        }
+    }
+}
+
+/* The newest superblock slot with a good checksum, or -1 */
+static inline int fz_best_slot(const uint8_t *buf, size_t len, uint64_t *gen)
+{
+    int best = -1;
+
+    for (int i = 0; i < EXTREE_SB_SLOTS; i++) {
+        const uint8_t *s = buf + i * EXTREE_SB_SIZE;
+
+        if ((size_t)(i + 1) * EXTREE_SB_SIZE > len || !fz_sb_ok(s)) {
+            continue;
+        }
+        if (best < 0 || ext_ld64(s + 24) > *gen) {
+            best = i;
+            *gen = ext_ld64(s + 24);
+        }
+    }
+    return best;
+}
+
+/*
+ * Parse the newest superblock with a good checksum and walk both trees
+ * (without trusting them: bounds are checked, checksums are not).
+ * False if no superblock slot is usable.  O(nodes^2), nodes <= 4096.
+ */
+static inline bool fz_image_parse(FzImage *im, const uint8_t *buf, size_t len)
+{
+    const uint8_t *sb;
+
+    im->buf = buf;
+    im->len = len;
+    im->nnodes = 0;
+    im->slot = fz_best_slot(buf, len, &im->gen);
+    if (im->slot < 0) {
+        return false;
+    }
+    sb = buf + im->slot * EXTREE_SB_SIZE;
+    im->vsize = ext_ld64(sb + 56);
+    im->bs = ext_ld32(sb + 64);
+    im->ns = ext_ld32(sb + 68);
+    im->host_end = ext_ld64(sb + 72);
+    if (im->bs < EXTREE_MIN_BLOCK_SIZE || im->bs > EXTREE_MAX_BLOCK_SIZE ||
+        (im->bs & (im->bs - 1)) || im->ns < EXTREE_MIN_NODE_SIZE ||
+        im->ns > EXTREE_MAX_NODE_SIZE || (im->ns & (im->ns - 1))) {
+        return false;
+    }
+    fz_add_tree(im, EXTREE_TREE_EXTENT, ext_ld64(sb + 80), UINT64_MAX);
+    fz_add_tree(im, EXTREE_TREE_FREE, ext_ld64(sb + 104), UINT64_MAX);
+    return true;
+}
+
+/* Store a node's checksum: crc32c of bytes 4 .. node_size - 1 at 0 */
+static inline void fz_node_fix_csum(uint8_t *node, uint32_t ns)
+{
+    ext_st32(node, extree_crc32c(0, node + 4, ns - 4));
+}
+
+static inline void fz_sb_fix_csum(uint8_t *sb)
+{
+    ext_st32(sb + 16, fz_sb_csum(sb));
+}
+
+#endif /* TESTS_FUZZ_FUZZ_INPUT_H */

@@ -1,0 +1,282 @@
+/*
+ * extree fuzzing: write the seed images into a directory
+ *
+ *   gen-seeds DIR
+ *
+ * Each seed is an image made by the core on the memory backend and dumped
+ * as a flat file: 512-byte blocks and 4 KiB nodes keep them small (126
+ * items a node).  Deterministic: the same core writes the same files.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "extree-int.h"
+#include "extree-backend.h"
+
+typedef struct Gen {
+    ExtreeBackend *be;
+    Extree *t;
+    uint32_t bs;
+    uint64_t rng;
+} Gen;
+
+static uint64_t gen_rand(Gen *g)
+{
+    uint64_t z = (g->rng += 0x9e3779b97f4a7c15ULL);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static void must(int ret, const char *what)
+{
+    if (ret < 0) {
+        fprintf(stderr, "gen-seeds: %s: %s\n", what, g_strerror(-ret));
+        exit(1);
+    }
+}
+
+static void gen_open(Gen *g)
+{
+    /* no forced commits: the generator says when */
+    ExtreeOpenOptions o = { .dirty_limit = UINT64_MAX / 2 };
+    char *err = NULL;
+
+    if (extree_open(g->be, &o, &g->t, &err) < 0) {
+        fprintf(stderr, "gen-seeds: open: %s\n", err);
+        exit(1);
+    }
+}
+
+static void gen_start(Gen *g, uint64_t vsize, uint32_t bs, uint32_t ns,
+                      const char *backing, uint64_t seed)
+{
+    ExtreeCreateParams p = {
+        .virtual_size = vsize, .block_size = bs, .node_size = ns,
+        .backing_file = backing, .backing_fmt = backing ? "qcow2" : NULL,
+    };
+    char *err = NULL;
+
+    g->be = extree_mem_backend_new();
+    g->bs = bs;
+    g->rng = seed;
+    if (extree_create(g->be, &p, &err) < 0) {
+        fprintf(stderr, "gen-seeds: create: %s\n", err);
+        exit(1);
+    }
+    gen_open(g);
+}
+
+/* DATA at [guest, +blocks) with pseudo-random contents */
+static void gen_write(Gen *g, uint64_t blk, uint64_t blocks)
+{
+    uint64_t guest = blk * g->bs, bytes = blocks * g->bs;
+
+    while (bytes) {
+        uint64_t host, got;
+        uint8_t *buf;
+
+        must(extree_alloc_data(g->t, guest, bytes, &host, &got),
+             "alloc_data");
+        buf = g_malloc(got);
+        for (uint64_t i = 0; i < got; i += 8) {
+            ext_st64(buf + i, gen_rand(g));
+        }
+        must(g->be->ops->pwrite(g->be->opaque, host, buf, got), "pwrite");
+        g_free(buf);
+        must(extree_map_data(g->t, guest, got, host), "map_data");
+        guest += got;
+        bytes -= got;
+    }
+}
+
+static void gen_zero(Gen *g, uint64_t blk, uint64_t blocks)
+{
+    must(extree_set_zero(g->t, blk * g->bs, blocks * g->bs), "set_zero");
+}
+
+static void gen_punch(Gen *g, uint64_t blk, uint64_t blocks)
+{
+    must(extree_punch(g->t, blk * g->bs, blocks * g->bs), "punch");
+}
+
+static void gen_commit(Gen *g)
+{
+    must(extree_commit(g->t), "commit");
+}
+
+/* Commit, close, check the image is clean and write it to DIR/NAME */
+static void gen_finish(Gen *g, const char *dir, const char *name,
+                       unsigned want_depth)
+{
+    ExtreeCheckResult res;
+    int64_t len;
+    uint8_t *buf;
+    char *path;
+    GError *gerr = NULL;
+
+    gen_commit(g);
+    must(extree_check(g->t, false, &res, NULL, NULL), "check");
+    if (res.corruptions || res.leaks ||
+        extree_depth(g->t) != want_depth) {
+        fprintf(stderr, "gen-seeds: %s: %" PRIu64 " corruptions, %" PRIu64
+                " leaks, depth %u expect %u\n", name, res.corruptions,
+                res.leaks, extree_depth(g->t), want_depth);
+        exit(1);
+    }
+    printf("%s: depth %u, %" PRIu64 " extents, %" PRIu64 " nodes, ",
+           name, extree_depth(g->t), res.extents, res.nodes);
+    extree_close(g->t);
+
+    len = g->be->ops->get_length(g->be->opaque);
+    buf = g_malloc(len);
+    must(g->be->ops->pread(g->be->opaque, 0, buf, len), "pread");
+    path = g_build_filename(dir, name, NULL);
+    if (!g_file_set_contents(path, (char *)buf, len, &gerr)) {
+        fprintf(stderr, "gen-seeds: %s\n", gerr->message);
+        exit(1);
+    }
+    printf("%" PRId64 " bytes\n", len);
+    g_free(path);
+    g_free(buf);
+    extree_mem_backend_free(g->be);
+}
+
+/* One leaf: a few DATA, ZERO and overwritten extents over two commits */
+static void seed_leaf(const char *dir)
+{
+    Gen g;
+
+    gen_start(&g, 1 << 20, 512, 4096, NULL, 1);
+    for (int i = 0; i < 12; i++) {
+        gen_write(&g, i * 40, 1 + i % 4);
+        gen_zero(&g, i * 40 + 20, 2 + i % 3);
+    }
+    gen_commit(&g);
+    gen_write(&g, 41, 2);         /* overwrite: the old blocks are freed */
+    gen_punch(&g, 120, 2);
+    gen_write(&g, 2040, 8);       /* the last blocks of the disk */
+    gen_finish(&g, dir, "leaf-512.img", 1);
+}
+
+/*
+ * 4 KiB blocks, a backing file name and a virtual size that ends inside
+ * a block
+ */
+static void seed_backing(const char *dir)
+{
+    Gen g;
+
+    gen_start(&g, (2 << 20) + 1536, 4096, 4096, "base.qcow2", 2);
+    gen_write(&g, 0, 3);
+    gen_zero(&g, 10, 5);
+    gen_write(&g, 100, 1);
+    gen_write(&g, 512, 1);        /* the partial last block */
+    gen_finish(&g, dir, "backing-4k.img", 1);
+}
+
+/* Two levels: ~300 extents, one DATA in four */
+static void seed_two_levels(const char *dir)
+{
+    Gen g;
+
+    gen_start(&g, 4 << 20, 512, 4096, NULL, 3);
+    for (int i = 0; i < 300; i++) {
+        if (i % 4 == 0) {
+            gen_write(&g, i * 3, 1);
+        } else {
+            gen_zero(&g, i * 3, 1 + i % 2);
+        }
+        if (i % 100 == 99) {
+            gen_commit(&g);
+        }
+    }
+    gen_finish(&g, dir, "two-levels-512.img", 2);
+}
+
+/*
+ * A free-space tree of two levels: 260 DATA blocks at consecutive host
+ * blocks but separate guest offsets, every other one punched after a
+ * commit, leaves 130 free runs
+ */
+static void seed_free_tree(const char *dir)
+{
+    Gen g;
+
+    gen_start(&g, 1 << 20, 512, 4096, NULL, 4);
+    for (int i = 0; i < 260; i++) {
+        gen_write(&g, i * 2, 1);
+    }
+    gen_commit(&g);
+    for (int i = 0; i < 260; i += 2) {
+        gen_punch(&g, i * 2, 1);
+    }
+    gen_finish(&g, dir, "free-tree-512.img", 2);
+}
+
+/*
+ * Three levels with as few nodes as the tree allows: items appended one
+ * block apart fill leaves completely, so 126 * 126 + 1 items make the root
+ * split; then the leaves of the left subtree are punched down to 31 (a
+ * node under a quarter full would merge and collapse the root).  To get
+ * the file small again, every remaining node is copied on write into the
+ * space of the punched ones, and 2 MiB of data written and punched at the
+ * end make the free tail long enough (1 MiB) for commit to cut it.
+ */
+static void seed_three_levels(const char *dir)
+{
+    uint64_t per_leaf = EXTREE_LEAF_CAPACITY(4096);
+    uint64_t items = per_leaf * EXTREE_INTERIOR_CAPACITY(4096) + 1;
+    uint64_t hole = 31 * per_leaf * 2, hole_len = (126 - 31) * per_leaf * 2;
+    Gen g;
+
+    gen_start(&g, 16 << 20, 512, 4096, NULL, 5);
+    for (uint64_t i = 0; i < items; i++) {
+        if (i % 512 == 0) {
+            gen_write(&g, i * 2, 1);
+        } else {
+            gen_zero(&g, i * 2, 1);
+        }
+    }
+    gen_commit(&g);
+    gen_punch(&g, hole, hole_len);
+    gen_commit(&g);
+    /*
+     * Rewrite an item of every leaf: each leaf is copied, with its
+     * parents, to the lowest freed node space; a few rounds pack them
+     */
+    for (int round = 0; round < 6; round++) {
+        for (uint64_t i = 0; i < 31; i++) {
+            gen_zero(&g, i * per_leaf * 2 + 1 + round * 2, 1);
+        }
+        gen_zero(&g, 126 * per_leaf * 2 + 1 + round * 2, 1);
+        gen_commit(&g);
+    }
+    gen_write(&g, hole, 4096);
+    gen_commit(&g);
+    gen_punch(&g, hole, 4096);
+    gen_commit(&g);
+    gen_zero(&g, 3, 1);
+    gen_finish(&g, dir, "three-levels-512.img", 3);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: gen-seeds DIR\n");
+        return 2;
+    }
+    g_mkdir_with_parents(argv[1], 0755);
+    seed_leaf(argv[1]);
+    seed_backing(argv[1]);
+    seed_two_levels(argv[1]);
+    seed_free_tree(argv[1]);
+    seed_three_levels(argv[1]);
+    return 0;
+}
