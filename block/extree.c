@@ -97,25 +97,29 @@ typedef struct BDRVExtreeState {
 
     /*
      * The metadata lock.  Every call into the core, that is every use of
-     * @t and of the cursors, happens with it held (taken by extree_lock()
-     * and extree_queue_wait() only), or with @status_busy held by a
-     * block-status query that found it free; backend calls made by the
-     * core may yield with it held.  Guest data I/O is done without it.
+     * @t and of the cursors, happens with it held; backend calls made by
+     * the core may yield with it held.  Guest data I/O is done without it.
      */
     CoMutex lock;
 
     /*
-     * Block status without @lock: a query sets @status_busy 0 -> 1, then,
-     * if @lock is neither held nor waited for, answers from
-     * @status_cursor's pinned leaf (extree_cursor_query_cached(): no I/O,
-     * no yield) and clears it.  Whoever takes @lock then waits until
-     * @status_busy is 0, so the two never overlap: store-load ordered on
-     * both sides (Dekker).  Saves the CoMutex round trip on each call of
-     * a forward walk (qemu-img map).
+     * Requests: from extree_enter() to extree_leave(), a request may hold
+     * cursors (pinned nodes of @t) and host ranges looked up in @t across
+     * an unlock, so @t must not be replaced meanwhile.  Invalidation sets
+     * @replacing, which holds new requests back on @replace_queue, and
+     * waits on @idle_queue until @requests is zero; the block layer does
+     * not drain the node for it.  Protected by lock.
      */
-    int status_busy;
+    unsigned requests;
+    bool replacing;
+    CoQueue replace_queue;
+    CoQueue idle_queue;
 
-    Extree *t;                          /* Protected by lock */
+    /*
+     * NULL after a failed invalidation (bs->drv is cleared then, but
+     * requests queued on @lock meanwhile still run).  Protected by lock.
+     */
+    Extree *t;
     bool core_read_only;                /* @t was opened read-only */
     bool inactive;                      /* BDRV_O_INACTIVE: no writes */
 
@@ -132,7 +136,13 @@ typedef struct BDRVExtreeState {
     uint32_t node_size;
 
     /* block_status walks forward from where the last query ended */
-    ExtreeCursor status_cursor;         /* Protected by lock or status_busy */
+    ExtreeCursor status_cursor;         /* Protected by lock */
+
+    /*
+     * Virtual size of @t, for bdrv_co_getlength(), which takes no lock.
+     * Written with lock held, read with qatomic_read().
+     */
+    uint64_t virtual_size;
 
     /*
      * Allocating writes in flight (ExtreeAllocReq); two requests never
@@ -492,35 +502,15 @@ static void coroutine_mixed_fn extree_handle_corruption(BDRVExtreeState *s)
 
 /* ---- Lock, commit gate, commits ---- */
 
-/*
- * With s->lock just taken: a block-status query in another thread may have
- * set status_busy before it could see the lock taken.  It neither yields
- * nor does I/O, so waiting for it is a short spin.
- */
-static inline void extree_status_exclude(BDRVExtreeState *s)
-{
-    /*
-     * Our lock.locked store before the status_busy load; pairs with
-     * smp_mb__after_rmw() in extree_co_block_status()
-     */
-    smp_mb();
-    /* acquire: see the cursor as the query left it */
-    while (unlikely(qatomic_load_acquire(&s->status_busy))) {
-        cpu_relax();
-    }
-}
-
 static inline void coroutine_fn extree_lock(BDRVExtreeState *s)
 {
     qemu_co_mutex_lock(&s->lock);
-    extree_status_exclude(s);
 }
 
 /* qemu_co_queue_wait() on s->lock, which it retakes */
 static void coroutine_fn extree_queue_wait(BDRVExtreeState *s, CoQueue *q)
 {
     qemu_co_queue_wait(q, &s->lock);
-    extree_status_exclude(s);
 }
 
 static inline void coroutine_fn extree_unlock(BDRVExtreeState *s)
@@ -529,6 +519,42 @@ static inline void coroutine_fn extree_unlock(BDRVExtreeState *s)
         extree_handle_corruption(s);
     }
     qemu_co_mutex_unlock(&s->lock);
+}
+
+/*
+ * Start a request: take s->lock and count the request (see
+ * BDRVExtreeState.requests).  -ENOMEDIUM, with the lock not held, if
+ * there is no core handle (a failed invalidation).  @nested: called from
+ * a request that is counted already (which holds invalidation back, so
+ * waiting for it would deadlock).
+ */
+static int coroutine_fn extree_enter_nested(BDRVExtreeState *s, bool nested)
+{
+    extree_lock(s);
+    while (s->replacing && !nested) {
+        extree_queue_wait(s, &s->replace_queue);
+    }
+    if (!s->t) {
+        qemu_co_mutex_unlock(&s->lock);
+        return -ENOMEDIUM;
+    }
+    s->requests++;
+    return 0;
+}
+
+static int coroutine_fn extree_enter(BDRVExtreeState *s)
+{
+    return extree_enter_nested(s, false);
+}
+
+/* End a request started by extree_enter(); drops s->lock */
+static void coroutine_fn extree_leave(BDRVExtreeState *s)
+{
+    assert(s->requests > 0);
+    if (--s->requests == 0 && s->replacing) {
+        qemu_co_queue_restart_all(&s->idle_queue);
+    }
+    extree_unlock(s);
 }
 
 /*
@@ -667,11 +693,12 @@ static void coroutine_fn extree_commit_timer_entry(void *opaque)
     GRAPH_RDLOCK_GUARD();
 
     trace_extree_commit_timer(s);
-    extree_lock(s);
-    if (s->t && !s->inactive) {
-        extree_commit_locked(s);
+    if (extree_enter(s) == 0) {
+        if (!s->inactive) {
+            extree_commit_locked(s);
+        }
+        extree_leave(s);
     }
-    extree_unlock(s);
     bdrv_dec_in_flight(bs);
 }
 
@@ -904,6 +931,7 @@ static void GRAPH_RDLOCK extree_install_core(BDRVExtreeState *s, Extree *t,
     s->node_size = extree_node_size(t);
     extree_set_corrupt_handler(t, extree_corrupt_cb, s);
     extree_cursor_init(&s->status_cursor, t);
+    qatomic_set(&s->virtual_size, extree_virtual_size(t));
 
     backing_file = extree_backing_file(t);
     backing_fmt = extree_backing_fmt(t);
@@ -925,7 +953,11 @@ static void GRAPH_RDLOCK extree_install_core(BDRVExtreeState *s, Extree *t,
                       read_only);
 }
 
-/* Drop the core handle; called with no request in flight */
+/*
+ * Drop the core handle; called with no request in flight.  No cursor may
+ * point into the freed handle: requests' own cursors are gone with them,
+ * and the block-status cursor is reset.
+ */
 static void extree_drop_core(BDRVExtreeState *s)
 {
     if (s->t) {
@@ -934,6 +966,7 @@ static void extree_drop_core(BDRVExtreeState *s)
         extree_close(s->t);
         s->t = NULL;
     }
+    extree_cursor_init(&s->status_cursor, NULL);
 }
 
 static void extree_init_state(BlockDriverState *bs)
@@ -946,6 +979,8 @@ static void extree_init_state(BlockDriverState *bs)
     qemu_co_mutex_init(&s->lock);
     qemu_co_queue_init(&s->io_queue);
     qemu_co_queue_init(&s->commit_queue);
+    qemu_co_queue_init(&s->replace_queue);
+    qemu_co_queue_init(&s->idle_queue);
     QLIST_INIT(&s->alloc_reqs);
     s->dirty_limit = EXTREE_DEFAULT_DIRTY_LIMIT;
 }
@@ -1076,9 +1111,11 @@ static void coroutine_fn extree_call_entry(void *opaque)
 
     GRAPH_RDLOCK_GUARD();
 
-    extree_lock(s);
-    ret = c->fn(s);
-    extree_unlock(s);
+    ret = extree_enter(s);
+    if (ret == 0) {
+        ret = c->fn(s);
+        extree_leave(s);
+    }
     c->ret = ret;
     aio_wait_kick();
 }
@@ -1224,7 +1261,10 @@ static int GRAPH_RDLOCK extree_inactivate(BlockDriverState *bs)
 
 /*
  * The source wrote the image meanwhile: drop everything cached and open
- * the core afresh from the image's last commit.
+ * the core afresh from the image's last commit.  The block layer does not
+ * drain the node for this (NBD may go on reading an inactive node), so
+ * requests in flight are waited for, and new ones held back, while the
+ * handle they would use is replaced.
  */
 static void coroutine_fn GRAPH_RDLOCK
 extree_co_invalidate_cache(BlockDriverState *bs, Error **errp)
@@ -1236,6 +1276,11 @@ extree_co_invalidate_cache(BlockDriverState *bs, Error **errp)
 
     trace_extree_invalidate_cache(s);
     extree_lock(s);
+    assert(!s->replacing);
+    s->replacing = true;
+    while (s->requests > 0) {
+        extree_queue_wait(s, &s->idle_queue);
+    }
     extree_detach_aio_context(bs);
     if (!s->inactive) {
         extree_commit_now(s);
@@ -1245,14 +1290,17 @@ extree_co_invalidate_cache(BlockDriverState *bs, Error **errp)
     s->signaled_corruption = false;
     ret = extree_open_core(s, bs->open_flags & ~BDRV_O_INACTIVE,
                            s->cache_size, &t, &read_only, errp);
+    if (ret == 0) {
+        extree_install_core(s, t, read_only);
+    }
+    s->replacing = false;
+    qemu_co_queue_restart_all(&s->replace_queue);
+    qemu_co_mutex_unlock(&s->lock);
     if (ret < 0) {
-        qemu_co_mutex_unlock(&s->lock);
         error_prepend(errp, "Could not reopen extree layer: ");
         bs->drv = NULL;
         return;
     }
-    extree_install_core(s, t, read_only);
-    qemu_co_mutex_unlock(&s->lock);
     extree_attach_aio_context(bs, bdrv_get_aio_context(bs));
 }
 
@@ -1291,7 +1339,10 @@ extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
     int ret = 0;
 
     trace_extree_co_preadv_start(s, offset, bytes);
-    extree_lock(s);
+    ret = extree_enter(s);
+    if (ret < 0) {
+        return ret;
+    }
     extree_cursor_init(&cur, s->t);
     while (bytes > 0) {
         uint64_t pos = offset, left = bytes;
@@ -1340,7 +1391,7 @@ extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
         bytes = left;
     }
     extree_cursor_release(&cur);
-    extree_unlock(s);
+    extree_leave(s);
     trace_extree_co_preadv_done(s, offset, ret);
     return ret < 0 ? ret : 0;
 }
@@ -1455,17 +1506,20 @@ extree_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     return ret;
 }
 
+/* @nested: see extree_enter_nested() */
 static int coroutine_fn GRAPH_RDLOCK
-extree_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
-                       QEMUIOVector *qiov, size_t qiov_offset,
-                       BdrvRequestFlags flags)
+extree_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
+               QEMUIOVector *qiov, size_t qiov_offset, bool nested)
 {
     BDRVExtreeState *s = bs->opaque;
     ExtreeCursor cur;
     int ret = 0;
 
     trace_extree_co_pwritev_start(s, offset, bytes);
-    extree_lock(s);
+    ret = extree_enter_nested(s, nested);
+    if (ret < 0) {
+        return ret;
+    }
     extree_cursor_init(&cur, s->t);
     while (bytes > 0) {
         ExtreeRun run;
@@ -1504,9 +1558,17 @@ extree_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
     }
     extree_cursor_release(&cur);
     extree_update_done(s);
-    extree_unlock(s);
+    extree_leave(s);
     trace_extree_co_pwritev_done(s, offset, ret);
     return ret < 0 ? ret : 0;
+}
+
+static int coroutine_fn GRAPH_RDLOCK
+extree_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                       QEMUIOVector *qiov, size_t qiov_offset,
+                       BdrvRequestFlags flags)
+{
+    return extree_pwritev(bs, offset, bytes, qiov, qiov_offset, false);
 }
 
 /* ---- Flush ---- */
@@ -1519,9 +1581,11 @@ static int coroutine_fn GRAPH_RDLOCK extree_co_flush_to_os(BlockDriverState *bs)
     if (s->inactive) {
         return 0;
     }
-    extree_lock(s);
-    ret = extree_commit_locked(s);
-    extree_unlock(s);
+    ret = extree_enter(s);
+    if (ret == 0) {
+        ret = extree_commit_locked(s);
+        extree_leave(s);
+    }
     return ret;
 }
 
@@ -1565,7 +1629,10 @@ extree_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes)
     int ret;
 
     trace_extree_co_pdiscard_start(s, offset, bytes);
-    extree_lock(s);
+    ret = extree_enter(s);
+    if (ret < 0) {
+        return ret;
+    }
     start = ROUND_UP(offset, bsz);
     if (offset + bytes >= extree_virtual_size(s->t)) {
         end = ROUND_UP(extree_virtual_size(s->t), bsz);
@@ -1579,7 +1646,7 @@ extree_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes)
                                   EXTREE_OP_ZERO : EXTREE_OP_PUNCH);
         extree_update_done(s);
     }
-    extree_unlock(s);
+    extree_leave(s);
     trace_extree_co_pdiscard_done(s, offset, ret);
     return ret;
 }
@@ -1603,7 +1670,10 @@ extree_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
     ExtreeRun run;
     int ret;
 
-    extree_lock(s);
+    ret = extree_enter(s);
+    if (ret < 0) {
+        return ret;
+    }
     for (;;) {
         extree_io_begin(s);
         extree_cursor_init(&cur, s->t);
@@ -1646,16 +1716,16 @@ extree_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
             QEMUIOVector qiov;
             void *buf = qemu_blockalign0(bs, bytes);
 
-            extree_unlock(s);
+            extree_leave(s);
             qemu_iovec_init_buf(&qiov, buf, bytes);
-            ret = extree_co_pwritev_part(bs, offset, bytes, &qiov, 0, 0);
+            ret = extree_pwritev(bs, offset, bytes, &qiov, 0, false);
             qemu_vfree(buf);
             return ret;
         }
         break;
     }
 out:
-    extree_unlock(s);
+    extree_leave(s);
     return ret;
 }
 
@@ -1672,9 +1742,12 @@ extree_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
     BlockDriverState *bs = s->bs;
     uint64_t bsz = s->block_size;
     ExtreeCursor cur;
-    int ret = 0;
+    int ret;
 
-    extree_lock(s);
+    ret = extree_enter(s);
+    if (ret < 0) {
+        return ret;
+    }
     if (flags & BDRV_REQ_MAY_UNMAP) {
         ret = extree_update_range(s, start, end, EXTREE_OP_ZERO);
         goto out;
@@ -1718,7 +1791,7 @@ extree_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
     extree_cursor_release(&cur);
 out:
     extree_update_done(s);
-    extree_unlock(s);
+    extree_leave(s);
     return ret;
 }
 
@@ -1841,7 +1914,11 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
         return -ENOTSUP;
     }
 
-    extree_lock(s);
+    ret = extree_enter(s);
+    if (ret < 0) {
+        error_setg_errno(errp, -ret, "Could not resize the image");
+        return ret;
+    }
     old = extree_virtual_size(s->t);
     trace_extree_co_truncate_start(s, old, offset, prealloc, flags);
     if (offset < old) {
@@ -1857,12 +1934,14 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
             error_setg_errno(errp, -ret, "Could not shrink the image");
             goto out;
         }
+        qatomic_set(&s->virtual_size, offset);
     } else if (offset > old) {
         ret = extree_set_virtual_size(s->t, offset);
         if (ret < 0) {
             error_setg_errno(errp, -ret, "Could not grow the image");
             goto out;
         }
+        qatomic_set(&s->virtual_size, offset);
 
         /*
          * The rest of the old last block may hold old data (written before
@@ -1886,7 +1965,7 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
 
                 extree_unlock(s);
                 qemu_iovec_init_buf(&qiov, buf, len);
-                ret = extree_co_pwritev_part(bs, old, len, &qiov, 0, 0);
+                ret = extree_pwritev(bs, old, len, &qiov, 0, true);
                 qemu_vfree(buf);
                 extree_lock(s);
             }
@@ -1921,7 +2000,7 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
         error_setg_errno(errp, -ret, "Could not commit extree metadata");
     }
 out:
-    extree_unlock(s);
+    extree_leave(s);
     trace_extree_co_truncate_done(s, offset, ret);
     return ret;
 }
@@ -1931,7 +2010,7 @@ extree_co_getlength(BlockDriverState *bs)
 {
     BDRVExtreeState *s = bs->opaque;
 
-    return extree_virtual_size(s->t);
+    return qatomic_read(&s->virtual_size);
 }
 
 /*
@@ -1968,8 +2047,7 @@ static int GRAPH_RDLOCK extree_make_empty(BlockDriverState *bs)
 /*
  * At most one descent per query: s->status_cursor continues on its leaf
  * when a query starts where the last one ended (qemu-img map, mirror,
- * convert all walk forward).  Answers on that leaf need neither I/O nor
- * s->lock (see status_busy); the rest take the lock.
+ * convert all walk forward).
  *
  * want_zero: runs that read alike (host-contiguous DATA, ZERO, unallocated)
  * with the host offset.  !want_zero (is_allocated): every adjacent
@@ -1984,24 +2062,14 @@ extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
     ExtreeRun run;
     int ret;
 
-    ret = -EAGAIN;
-    if (qatomic_cmpxchg(&s->status_busy, 0, 1) == 0) {
-        /* status_busy store before the lock.locked load (Dekker) */
-        smp_mb__after_rmw();
-        /* acquire: see the cursor as the last lock holder left it */
-        if (!qatomic_load_acquire(&s->lock.locked)) {
-            ret = extree_cursor_query_cached(&s->status_cursor, offset, bytes,
-                                             &run);
-        }
-        qatomic_store_release(&s->status_busy, 0);
+    ret = extree_enter(s);
+    if (ret < 0) {
+        return ret;
     }
-    if (ret == -EAGAIN) {
-        extree_lock(s);
-        ret = extree_cursor_query(&s->status_cursor, offset, bytes,
-                                  want_zero ? EXTREE_COALESCE_HOST
-                                            : EXTREE_COALESCE_ALLOC, &run);
-        extree_unlock(s);
-    }
+    ret = extree_cursor_query(&s->status_cursor, offset, bytes,
+                              want_zero ? EXTREE_COALESCE_HOST
+                                        : EXTREE_COALESCE_ALLOC, &run);
+    extree_leave(s);
     if (ret < 0) {
         return ret;
     }
@@ -2086,7 +2154,11 @@ extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
     int ret;
 
     trace_extree_co_check_start(s, fix);
-    extree_lock(s);
+    ret = extree_enter(s);
+    if (ret < 0) {
+        result->check_errors++;
+        return ret;
+    }
     ret = extree_commit_locked(s);
     if (ret < 0) {
         result->check_errors++;
@@ -2098,7 +2170,8 @@ extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
         result->check_errors++;
         goto out;
     }
-    leaked_blocks = r.leaked_bytes / s->block_size;
+    /* BdrvCheckResult counts in int: a huge leak saturates */
+    leaked_blocks = MIN(r.leaked_bytes / s->block_size, INT_MAX);
     result->corruptions = r.corruptions - r.repaired_corruptions;
     result->corruptions_fixed = r.repaired_corruptions;
     if (r.leaks && r.repaired_leaks == r.leaks) {
@@ -2130,7 +2203,7 @@ extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
 out:
     /* The checker reports damage itself; don't mark on its behalf */
     s->corrupt_pending = false;
-    qemu_co_mutex_unlock(&s->lock);
+    extree_leave(s);
     trace_extree_co_check_done(s, result->corruptions, result->leaks, ret);
     return ret;
 }
@@ -2153,6 +2226,11 @@ extree_get_specific_info(BlockDriverState *bs, Error **errp)
     BDRVExtreeState *s = bs->opaque;
     ImageInfoSpecific *spec_info;
 
+    /* Main loop: a failed invalidation leaves no handle */
+    if (!s->t) {
+        error_setg(errp, "extree: the image is not open");
+        return NULL;
+    }
     spec_info = g_new(ImageInfoSpecific, 1);
     *spec_info = (ImageInfoSpecific){
         .type = IMAGE_INFO_SPECIFIC_KIND_EXTREE,
@@ -2189,13 +2267,16 @@ extree_co_change_backing_file(BlockDriverState *bs, const char *backing_file,
     if (backing_fmt && strlen(backing_fmt) > EXTREE_BACKING_FMT_MAX) {
         return -EINVAL;
     }
-    extree_lock(s);
+    ret = extree_enter(s);
+    if (ret < 0) {
+        return ret;
+    }
     ret = extree_set_backing(s->t, backing_file, backing_file ? backing_fmt
                                                               : NULL);
     if (ret == 0) {
         ret = extree_commit_locked(s);
     }
-    extree_unlock(s);
+    extree_leave(s);
     if (ret < 0) {
         return ret;
     }

@@ -10,6 +10,15 @@
 #   xtpoke.py IMAGE leak BLOCKS        raise host_end by BLOCKS blocks in
 #                                      the newest superblock: leaked space
 #   xtpoke.py IMAGE DAMAGE             one of the damages below
+#   xtpoke.py IMAGE wrong-child        in the lowest interior node, item 0
+#                                      points at item 1's child (offset and
+#                                      generation): one node, two parents
+#   xtpoke.py IMAGE generation N       generation N in both superblocks
+#   xtpoke.py IMAGE extent-count N     extent_count N in the newest one
+#   xtpoke.py IMAGE host-end N         host_end N in the newest one
+#   xtpoke.py IMAGE backing-junk       a non-zero byte after the backing
+#                                      file name in the newest one
+#   (checksums are recomputed: only semantic validation can catch these)
 #
 # Copyright (c) 2026 The extree authors
 #
@@ -184,6 +193,35 @@ def main():
         img.write(at, struct.pack('<Q', nbytes - img.block_size))
         img.fix_node_csum(off)
         print('interior node: child_bytes')
+    elif what == 'wrong-child':
+        off = [n for n in interior if n[1] == 1][0][0]
+        item1 = img.read(off + HDR + PTR_ITEM + 8, 16)
+        img.write(off + HDR + 8, item1)         # child, child_generation
+        img.fix_node_csum(off)
+        print('interior node: item 0 points at item 1\'s child')
+    elif what == 'generation':
+        gen = int(sys.argv[3], 0)
+        for slot in img.slots:
+            img.rewrite_super(slot, lambda b: struct.pack_into('<Q', b, 24,
+                                                               gen))
+        print('both superblocks: generation %d' % gen)
+    elif what == 'extent-count':
+        n = int(sys.argv[3], 0)
+        img.rewrite_super(img.slot, lambda b: struct.pack_into('<Q', b, 128,
+                                                               n))
+        print('superblock slot %d: extent_count %d' % (img.slot, n))
+    elif what == 'host-end':
+        n = int(sys.argv[3], 0)
+        img.rewrite_super(img.slot, lambda b: struct.pack_into('<Q', b, 72,
+                                                               n))
+        print('superblock slot %d: host_end 0x%x' % (img.slot, n))
+    elif what == 'backing-junk':
+        sb = img.slots[img.slot][1]
+        flen = struct.unpack_from('<H', sb, 144)[0]
+        img.rewrite_super(img.slot, lambda b: b.__setitem__(2048 + flen + 1,
+                                                            0x41))
+        print('superblock slot %d: junk after the backing file name' %
+              img.slot)
     else:
         sys.exit('xtpoke.py: unknown request ' + what)
     img.f.close()
