@@ -71,6 +71,12 @@ typedef struct FzRun {
     FzScope scope;
     uint64_t lo, hi;            /* SCOPE_EXTENT_NODE: its key range */
     bool inside_strict;         /* reads inside [lo, hi) checked too */
+    /*
+     * The edited node is the extent tree's root and its items no longer
+     * add up to the bytes they mapped: nothing records that sum, so no
+     * reader can see lost items (EXTREE_FUZZ_TOLERATE=root-sum)
+     */
+    bool root_sum_changed;
     /* the allocator cannot be misled: a commit must reopen */
     bool reopen_oracle;
     /* ... and read back what was written (else: no read oracle then) */
@@ -85,6 +91,21 @@ typedef struct FzRun {
     size_t buf_len;
     int queries;
 } FzRun;
+
+/*
+ * Known violations to let pass, for a long run to look past one already
+ * reported (EXTREE_FUZZ_TOLERATE=root-sum); none by default
+ */
+static bool tolerated(const FzRun *r)
+{
+    static int root_sum = -1;
+
+    if (root_sum < 0) {
+        const char *env = g_getenv("EXTREE_FUZZ_TOLERATE");
+        root_sum = env && strstr(env, "root-sum");
+    }
+    return root_sum && r->root_sum_changed;
+}
 
 static GHashTable *ref_cache;
 
@@ -182,12 +203,11 @@ static ExtreeBackend *fz_backend_clone(ExtreeBackend *be)
 static ExtreeBackend *backend_from(const uint8_t *img, size_t len)
 {
     ExtreeBackend *be = fz_backend(extree_mem_backend_new());
-    static const uint8_t zero[4096];
 
     for (size_t off = 0; off < len; off += 4096) {
         size_t n = MIN(len - off, 4096);
 
-        if (off + n == len || memcmp(img + off, zero, n)) {
+        if (off + n == len || !fz_is_zero(img + off, n)) {
             be->ops->pwrite(be->opaque, off, img + off, n);
         }
     }
@@ -302,7 +322,29 @@ static const FzRef *ref_get(const uint8_t *img, size_t len)
  * Which structure the recorded edits changed, in the reference's terms,
  * and so which oracles apply
  */
-static void classify(FzRun *r, const FzInput *in)
+/* Summed lengths under an interior node (child_bytes) or of a leaf */
+static uint64_t node_sum(const uint8_t *img, size_t len, uint64_t bytenr,
+                         uint32_t ns)
+{
+    const uint8_t *b = img + bytenr;
+    unsigned level;
+    uint32_t nr;
+    uint64_t sum = 0;
+
+    if (bytenr > len || len - bytenr < ns) {
+        return 0;
+    }
+    level = b[EXT_NH_LEVEL];
+    nr = MIN(ext_ld32(b + EXT_NH_NRITEMS), EXTREE_LEAF_CAPACITY(ns));
+    for (uint32_t i = 0; i < nr; i++) {
+        sum += ext_ld64(b + EXTREE_NODE_HEADER_SIZE + i * 32 +
+                        (level ? 24 : 8));
+    }
+    return sum;
+}
+
+static void classify(FzRun *r, const FzInput *in, const uint8_t *img,
+                     const uint8_t *orig)
 {
     const FzImage *im = r->ref->im;
     int node = -1;
@@ -344,7 +386,7 @@ static void classify(FzRun *r, const FzInput *in)
         r->lo = 0;
         r->hi = UINT64_MAX;
         r->inside_strict = true;
-        if (sb_root || fz_best_slot(in->img, in->img_len, &gen) != im->slot) {
+        if (sb_root || fz_best_slot(img, in->img_len, &gen) != im->slot) {
             r->scope = SCOPE_OTHER;
             r->write_oracle = false;
         }
@@ -361,6 +403,9 @@ static void classify(FzRun *r, const FzInput *in)
         r->hi = im->nodes[node].hi;
         r->inside_strict = im->nodes[node].level > 0;
         r->reopen_oracle = r->write_oracle = im->nodes[node].level > 0;
+        r->root_sum_changed = node == 0 &&
+            node_sum(orig, in->img_len, im->nodes[0].bytenr, im->ns) !=
+            node_sum(img, in->img_len, im->nodes[0].bytenr, im->ns);
     } else if (node >= 0) {
         /* reads do not use the free-space tree; the allocator trusts it */
         r->scope = SCOPE_FREE_NODE;
@@ -407,7 +452,7 @@ static void check_status(FzRun *r, const ExtreeRun *run)
     run_sectors(run, &s, &end);
     for (; r->ref && s < MIN(end, r->ref->nsec); s++) {
         if (sector_checked(r, s) && r->exp_alloc[s] != SEC_UNKNOWN &&
-            r->exp_alloc[s] != alloc) {
+            r->exp_alloc[s] != alloc && !tolerated(r)) {
             violation(r, "block status of sector 0x%" PRIx64 " (guest 0x%"
                       PRIx64 "): allocated %d, expect %d (run [0x%" PRIx64
                       ", +0x%" PRIx64 ") type %d)", s, s * SECTOR, alloc,
@@ -436,7 +481,7 @@ static void check_data(FzRun *r, const ExtreeRun *run)
             }
             crc = extree_crc32c(0, sec, SECTOR);
         }
-        if (crc != r->exp_crc[s]) {
+        if (crc != r->exp_crc[s] && !tolerated(r)) {
             violation(r, "sector 0x%" PRIx64 " (guest 0x%" PRIx64 ") reads "
                       "wrong data with success: run [0x%" PRIx64 ", +0x%"
                       PRIx64 ") type %d host 0x%" PRIx64, s, s * SECTOR,
@@ -791,17 +836,17 @@ static const FzRef *pick_ref(FzRun *r, Extree *t, const uint8_t *orig,
 
 static void expect_init(FzRun *r)
 {
+    static void *bufs[4];
+    static size_t caps[4];
     uint8_t zero[SECTOR] = { 0 };
+    size_t n;
 
     if (!r->ref) {
         r->scope = SCOPE_OTHER;
         r->write_oracle = false;
         return;
     }
-    static void *bufs[4];
-    static size_t caps[4];
-    size_t n = r->ref->nsec;
-
+    n = r->ref->nsec;
     r->zero_crc = extree_crc32c(0, zero, SECTOR);
     r->exp_crc = scratch(&bufs[0], &caps[0], n * sizeof(uint32_t));
     r->com_crc = scratch(&bufs[1], &caps[1], n * sizeof(uint32_t));
@@ -813,39 +858,43 @@ static void expect_init(FzRun *r)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    static void *img_buf, *orig_buf;
+    static size_t img_cap, orig_cap;
     FzInput in;
     FzRun r = { .scope = SCOPE_OTHER };
     ExtreeBackend *be;
     Extree *t = NULL;
-    uint8_t *orig = NULL;
+    uint8_t *img, *orig = NULL;
     bool ro = false;
     int ret;
 
     if (!fz_input_parse(data, size, &in)) {
         /* a damaged trailer: all of it is the image, without oracle */
-        in.img_len = size;
-        in.has_trailer = false;
-    } else if (!in.has_trailer) {
+        memset(&in, 0, sizeof(in));
+        in.raw = data;
+        in.raw_len = in.img_len = size;
+    }
+    img = scratch(&img_buf, &img_cap, MAX(in.img_len, 1));
+    fz_input_expand(&in, img);
+    if (!in.has_trailer) {
         /* a seed: its own reference */
-        r.ref = ref_get(data, size);
+        r.ref = ref_get(img, in.img_len);
         r.scope = SCOPE_NONE;
         r.reopen_oracle = r.write_oracle = true;
     } else {
-        static void *orig_buf;
-        static size_t orig_cap;
-
-        orig = scratch(&orig_buf, &orig_cap, in.img_len);
+        orig = scratch(&orig_buf, &orig_cap, MAX(in.img_len, 1));
+        memcpy(orig, img, in.img_len);
         fz_input_undo(&in, orig);
         if (extree_crc32c(0, orig, in.img_len) == in.f.orig_crc) {
             r.ref = ref_get(orig, in.img_len);
         }
         if (r.ref) {
-            classify(&r, &in);
+            classify(&r, &in, img, orig);
         }
     }
     r.rng = in.has_trailer ? in.f.ops_seed : extree_crc32c(0, data, size);
 
-    be = r.be = backend_from(in.img, in.img_len);
+    be = r.be = backend_from(img, in.img_len);
     if (fz_below(&r, 8) == 0) {
         repair_copy(&r, be);
     }

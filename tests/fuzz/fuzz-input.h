@@ -5,15 +5,21 @@
  * An input is an extree image, optionally followed by a trailer that
  * records how the mutator changed it:
  *
- *   image bytes | record 0 | record 1 | ... | footer (FzFooter, 24 bytes)
+ *   image | record 0 | record 1 | ... | footer (FzFooter, 24 bytes)
  *   record:     offset (u64) | length (u32) | the image bytes at
  *               [offset, offset + length) *before* this edit
  *
  * Undoing the records from the last to the first gives back the image the
  * mutator started from; the footer holds its crc32c, so an input whose
  * image bytes were changed some other way is recognised and fuzzed without
- * the oracle.  All integers are little-endian.  An input without a valid
- * footer is an image and nothing else (the seeds).
+ * the oracle.  An input without a valid footer is an image and nothing
+ * else (the seeds).
+ *
+ * The image is either the file as it is (the seeds) or, as the mutator
+ * writes it, sparse: magic (u64 FZ_SPARSE_MAGIC) | length (u64) | runs of
+ * offset (u64) | length (u32) | bytes, everything else zero.  Images are
+ * mostly free space: sparse, the inputs stay small, and so do the corpus
+ * and the cost of copying them around.  All integers are little-endian.
  *
  * Copyright (c) 2026 The extree authors
  *
@@ -26,9 +32,13 @@
 #include "extree-int.h"
 
 #define FZ_MAGIC        0x5a465458u     /* "XTFZ" */
+#define FZ_SPARSE_MAGIC 0x45535241505346ULL     /* "FSPARSE" */
 #define FZ_FOOTER_SIZE  24
 #define FZ_REC_HDR      12
+#define FZ_RUN_HDR      12
 #define FZ_MAX_RECORDS  24
+#define FZ_MAX_IMAGE    (16 << 20)
+#define FZ_SECTOR       512
 
 /* Trailer fields at the end of an input */
 typedef struct FzFooter {
@@ -45,40 +55,79 @@ typedef struct FzRecord {
 } FzRecord;
 
 typedef struct FzInput {
-    const uint8_t *img;
-    size_t img_len;
+    const uint8_t *raw;         /* the image as stored in the input */
+    size_t raw_len;
+    bool sparse;
+    size_t img_len;             /* the image's length */
     bool has_trailer;
     FzFooter f;
     FzRecord rec[FZ_MAX_RECORDS];
 } FzInput;
 
-/* Split @data into image and trailer; false if the trailer is malformed */
+/* Check a sparse image's runs and set img_len; false if malformed */
+static inline bool fz_sparse_parse(FzInput *in)
+{
+    const uint8_t *p = in->raw + 16, *end = in->raw + in->raw_len;
+    uint64_t len = ext_ld64(in->raw + 8);
+
+    if (len > FZ_MAX_IMAGE) {
+        return false;
+    }
+    while (p < end) {
+        uint64_t off;
+        uint32_t n;
+
+        if (end - p < FZ_RUN_HDR) {
+            return false;
+        }
+        off = ext_ld64(p);
+        n = ext_ld32(p + 8);
+        p += FZ_RUN_HDR;
+        if ((uint64_t)(end - p) < n || off > len || n > len - off) {
+            return false;
+        }
+        p += n;
+    }
+    in->sparse = true;
+    in->img_len = len;
+    return true;
+}
+
+/*
+ * Split @data into image and trailer; false if either is malformed (then
+ * @data may be taken as a flat image)
+ */
 static inline bool fz_input_parse(const uint8_t *data, size_t size,
                                   FzInput *in)
 {
-    const uint8_t *ft;
-    const uint8_t *p, *end;
+    const uint8_t *ft = data, *p, *end;
 
     memset(in, 0, sizeof(*in));
-    in->img = data;
-    in->img_len = size;
-    if (size < FZ_FOOTER_SIZE) {
-        return true;
+    in->raw = data;
+    in->raw_len = in->img_len = size;
+    if (size >= FZ_FOOTER_SIZE) {
+        ft = data + size - FZ_FOOTER_SIZE;
     }
-    ft = data + size - FZ_FOOTER_SIZE;
-    if (ext_ld32(ft + 20) != FZ_MAGIC) {
-        return true;
+    if (size >= FZ_FOOTER_SIZE && ext_ld32(ft + 20) == FZ_MAGIC) {
+        in->f.ops_seed = ext_ld64(ft);
+        in->f.orig_crc = ext_ld32(ft + 8);
+        in->f.nrec = ext_ld32(ft + 12);
+        in->f.trailer_len = ext_ld32(ft + 16);
+        if (in->f.trailer_len < FZ_FOOTER_SIZE ||
+            in->f.trailer_len > size || in->f.nrec > FZ_MAX_RECORDS) {
+            return false;
+        }
+        in->raw_len = in->img_len = size - in->f.trailer_len;
+        in->has_trailer = true;
     }
-    in->f.ops_seed = ext_ld64(ft);
-    in->f.orig_crc = ext_ld32(ft + 8);
-    in->f.nrec = ext_ld32(ft + 12);
-    in->f.trailer_len = ext_ld32(ft + 16);
-    if (in->f.trailer_len < FZ_FOOTER_SIZE || in->f.trailer_len > size ||
-        in->f.nrec > FZ_MAX_RECORDS) {
+    if (in->raw_len >= 16 && ext_ld64(in->raw) == FZ_SPARSE_MAGIC &&
+        !fz_sparse_parse(in)) {
         return false;
     }
-    in->img_len = size - in->f.trailer_len;
-    p = data + in->img_len;
+    if (!in->has_trailer) {
+        return true;
+    }
+    p = data + in->raw_len;
     end = ft;
     for (uint32_t i = 0; i < in->f.nrec; i++) {
         FzRecord *r = &in->rec[i];
@@ -96,20 +145,85 @@ static inline bool fz_input_parse(const uint8_t *data, size_t size,
         r->orig = p;
         p += r->len;
     }
-    if (p != end) {
-        return false;
-    }
-    in->has_trailer = true;
-    return true;
+    return p == end;
 }
 
-/* The image before the recorded edits, in @buf (img_len bytes) */
+/* The image, in @buf (img_len bytes) */
+static inline void fz_input_expand(const FzInput *in, uint8_t *buf)
+{
+    const uint8_t *p = in->raw + 16, *end = in->raw + in->raw_len;
+
+    if (!in->sparse) {
+        memcpy(buf, in->raw, in->img_len);
+        return;
+    }
+    memset(buf, 0, in->img_len);
+    while (p < end) {
+        uint32_t n = ext_ld32(p + 8);
+
+        memcpy(buf + ext_ld64(p), p + FZ_RUN_HDR, n);
+        p += FZ_RUN_HDR + n;
+    }
+}
+
+/* Undo the recorded edits of an image expanded into @buf */
 static inline void fz_input_undo(const FzInput *in, uint8_t *buf)
 {
-    memcpy(buf, in->img, in->img_len);
     for (int i = in->f.nrec - 1; i >= 0; i--) {
         memcpy(buf + in->rec[i].off, in->rec[i].orig, in->rec[i].len);
     }
+}
+
+static inline bool fz_is_zero(const uint8_t *p, size_t n)
+{
+    uint64_t acc = 0;
+
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        acc |= ext_ld64(p + i);
+    }
+    for (size_t i = n & ~(size_t)7; i < n; i++) {
+        acc |= p[i];
+    }
+    return acc == 0;
+}
+
+/*
+ * Write @img sparse (runs of non-zero sectors) into @out if it fits in
+ * @max bytes; returns the length, 0 if it does not fit
+ */
+static inline size_t fz_sparse_encode(const uint8_t *img, size_t len,
+                                      uint8_t *out, size_t max)
+{
+    size_t o = 16;
+
+    if (max < 16) {
+        return 0;
+    }
+    ext_st64(out, FZ_SPARSE_MAGIC);
+    ext_st64(out + 8, len);
+    for (size_t s = 0; s < len;) {
+        size_t e;
+
+        if (fz_is_zero(img + s, MIN(FZ_SECTOR, len - s))) {
+            s += FZ_SECTOR;
+            continue;
+        }
+        for (e = s + FZ_SECTOR;
+             e < len && !fz_is_zero(img + e, MIN(FZ_SECTOR, len - e));
+             e += FZ_SECTOR) {
+            continue;
+        }
+        e = MIN(e, len);
+        if (o + FZ_RUN_HDR + (e - s) > max) {
+            return 0;
+        }
+        ext_st64(out + o, s);
+        ext_st32(out + o + 8, e - s);
+        memcpy(out + o + FZ_RUN_HDR, img + s, e - s);
+        o += FZ_RUN_HDR + (e - s);
+        s = e;
+    }
+    return o;
 }
 
 /* ---- Raw image parsing: the live nodes reachable from the superblock ---- */
@@ -132,7 +246,7 @@ typedef struct FzImage {
     uint64_t gen, vsize, host_end;
     uint32_t bs, ns;
     int nnodes;
-    FzNode nodes[FZ_MAX_NODES];
+    FzNode nodes[FZ_MAX_NODES];     /* [0]: the extent tree's root */
 } FzImage;
 
 static inline uint32_t fz_sb_csum(const uint8_t *sb)

@@ -504,9 +504,10 @@ static void free_recs(Mut *m)
 size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size,
                                unsigned int seed)
 {
+    /* reused: fresh buffers of this size cost an mmap every time */
+    static uint8_t *img_buf, *out_buf;
+    static size_t img_cap, out_cap;
     static FzImage im;
-    static uint8_t *img_buf;
-    static size_t img_cap;
     Mut m = { .rng = seed, .touched_node = -1 };
     FzInput in;
     uint64_t ops_seed;
@@ -515,18 +516,23 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size,
     uint8_t *p;
 
     if (!fz_input_parse(data, size, &in)) {
-        in.img_len = size;
-        in.has_trailer = false;
+        memset(&in, 0, sizeof(in));
+        in.raw = data;
+        in.raw_len = in.img_len = size;
     }
-    /* reused: a fresh buffer of this size costs an mmap every time */
     if (in.img_len > img_cap) {
         g_free(img_buf);
         img_cap = MAX(in.img_len, 2 * img_cap);
         img_buf = g_malloc(img_cap);
     }
+    if (max_size > out_cap) {
+        g_free(out_buf);
+        out_cap = max_size;
+        out_buf = g_malloc(out_cap);
+    }
     m.len = in.img_len;
     m.img = img_buf;
-    memcpy(m.img, data, m.len);
+    fz_input_expand(&in, m.img);
     m.recs = g_array_new(false, false, sizeof(Rec));
     m.im = &im;
     if (in.has_trailer) {
@@ -545,7 +551,7 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size,
 
     /* Too many records (or no room): start again from the original */
     if (m.recs->len + 8 > FZ_MAX_RECORDS ||
-        m.len + m.rec_bytes + 2 * 4096 + FZ_FOOTER_SIZE > max_size) {
+        m.rec_bytes + 2 * 4096 + FZ_FOOTER_SIZE > max_size / 2) {
         for (int i = m.recs->len - 1; i >= 0; i--) {
             Rec *r = &g_array_index(m.recs, Rec, i);
             memcpy(m.img + r->off, r->orig, r->len);
@@ -579,14 +585,15 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size,
         fix_checksums(&m);
     }
 
-    /* image | records | footer, if it fits */
-    out = m.len + m.rec_bytes + FZ_FOOTER_SIZE;
-    if (out > max_size) {
+    /* sparse image | records | footer, if it fits */
+    out = fz_sparse_encode(m.img, m.len, out_buf,
+                           max_size - MIN(max_size, m.rec_bytes +
+                                                    FZ_FOOTER_SIZE));
+    if (out == 0) {
         out = size;
         goto done;
     }
-    memcpy(data, m.img, m.len);
-    p = data + m.len;
+    p = out_buf + out;
     for (guint i = 0; i < m.recs->len; i++) {
         Rec *r = &g_array_index(m.recs, Rec, i);
         ext_st64(p, r->off);
@@ -599,6 +606,8 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size,
     ext_st32(p + 12, m.recs->len);
     ext_st32(p + 16, m.rec_bytes + FZ_FOOTER_SIZE);
     ext_st32(p + 20, FZ_MAGIC);
+    out = p + FZ_FOOTER_SIZE - out_buf;
+    memcpy(data, out_buf, out);
 done:
     free_recs(&m);
     g_array_free(m.recs, true);

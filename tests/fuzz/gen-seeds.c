@@ -5,7 +5,10 @@
  *
  * Each seed is an image made by the core on the memory backend and dumped
  * as a flat file: 512-byte blocks and 4 KiB nodes keep them small (126
- * items a node).  Deterministic: the same core writes the same files.
+ * items a node).  Free space is zeroed in the file, as a discard would:
+ * old copies of nodes would only be noise to the fuzzer (and legitimate
+ * targets for an edited pointer).  Deterministic: the same core writes the
+ * same files.
  *
  * Copyright (c) 2026 The extree authors
  *
@@ -15,8 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "extree-int.h"
 #include "extree-backend.h"
+#include "fuzz-input.h"
 
 typedef struct Gen {
     ExtreeBackend *be;
@@ -111,6 +114,30 @@ static void gen_commit(Gen *g)
     must(extree_commit(g->t), "commit");
 }
 
+/* Zero every range the free-space tree lists */
+static void wipe_free_space(uint8_t *buf, size_t len)
+{
+    FzImage *im = g_new(FzImage, 1);
+
+    if (!fz_image_parse(im, buf, len)) {
+        fprintf(stderr, "gen-seeds: cannot parse the image\n");
+        exit(1);
+    }
+    for (int i = 0; i < im->nnodes; i++) {
+        const FzNode *n = &im->nodes[i];
+        const uint8_t *items = buf + n->bytenr + EXTREE_NODE_HEADER_SIZE;
+
+        for (uint32_t k = 0; n->owner == EXTREE_TREE_FREE && !n->level &&
+                             k < n->nritems; k++) {
+            uint64_t start = ext_ld64(items + k * 32);
+            uint64_t bytes = ext_ld64(items + k * 32 + 8);
+
+            memset(buf + start, 0, MIN(bytes, len - MIN(start, len)));
+        }
+    }
+    g_free(im);
+}
+
 /* Commit, close, check the image is clean and write it to DIR/NAME */
 static void gen_finish(Gen *g, const char *dir, const char *name,
                        unsigned want_depth)
@@ -137,6 +164,7 @@ static void gen_finish(Gen *g, const char *dir, const char *name,
     len = g->be->ops->get_length(g->be->opaque);
     buf = g_malloc(len);
     must(g->be->ops->pread(g->be->opaque, 0, buf, len), "pread");
+    wipe_free_space(buf, len);
     path = g_build_filename(dir, name, NULL);
     if (!g_file_set_contents(path, (char *)buf, len, &gerr)) {
         fprintf(stderr, "gen-seeds: %s\n", gerr->message);
