@@ -11,6 +11,7 @@
 
 #include "extree-int.h"
 #include "extree-backend.h"
+#include "test-seed.h"
 
 static inline Extree *ct_open_opts(ExtreeBackend *be, bool ro,
                                    uint64_t cache, uint64_t dirty)

@@ -7,9 +7,7 @@
  */
 
 #include <inttypes.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <glib.h>
 
@@ -242,14 +240,4 @@ char *model_compare_walk(const Model *m, Extree *t, int coalesce,
         *nruns = runs;
     }
     return diff;
-}
-
-uint64_t model_seed(void)
-{
-    const char *env = getenv("EXTREE_SEED");
-
-    if (env && *env) {
-        return g_ascii_strtoull(env, NULL, 0);
-    }
-    return (uint64_t)g_get_real_time() * 0x9e3779b97f4a7c15ULL ^ getpid();
 }

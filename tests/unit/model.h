@@ -88,7 +88,4 @@ static inline uint64_t model_rand_below(uint64_t *state, uint64_t n)
     return model_rand(state) % n;
 }
 
-/* EXTREE_SEED from the environment, or a fresh one */
-uint64_t model_seed(void);
-
 #endif /* TESTS_UNIT_MODEL_H */

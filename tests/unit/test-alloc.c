@@ -253,7 +253,7 @@ static void test_bounded_growth(void)
     uint64_t vsize = 16 << 20, nblocks = vsize / BS;
     ExtreeBackend *be = ct_create(vsize, BS, NS);
     Extree *t = ct_open(be);
-    GRand *r = g_rand_new_with_seed(17);
+    GRand *r = g_rand_new_with_seed(test_seed("churn", 17));
     uint64_t max_end = 0;
 
     for (int op = 0; op < 30000; op++) {

@@ -91,7 +91,7 @@ static void random_ops(uint64_t seed, int nops, uint64_t nblocks,
     ExtreeBackend *be = ct_create(nblocks * BS, BS, NS);
     Extree *t = ct_open(be);
     Model m = { nblocks, g_new0(Blk, nblocks) };
-    GRand *r = g_rand_new_with_seed(seed);
+    GRand *r = g_rand_new_with_seed(test_seed("random_ops", seed));
     unsigned max_depth = 0;
 
     for (int op = 0; op < nops; op++) {

@@ -32,6 +32,7 @@
 #include "extree-backend.h"
 #include "block/extree-format.h"
 #include "model.h"
+#include "test-seed.h"
 
 /*
  * Small blocks and nodes: some 30 leaves from a few thousand extents, so
@@ -455,10 +456,8 @@ static void test_enumerate(gconstpointer opaque)
     CrashStats cs = { 0 };
     size_t len, count[EXTREE_LOG_DISCARD + 1] = { 0 };
     gint64 t0 = g_get_monotonic_time();
-    uint64_t seed = model_seed();
+    uint64_t seed = test_seed("workload", 1);
 
-    g_test_message("seed %" PRIu64 " (EXTREE_SEED=%" PRIu64 " to replay)",
-                   seed, seed);
     wl_start(&w, seed);
     script->run(&w);
     wl_stop(&w);

@@ -9,7 +9,8 @@
  * the whole image is walked in both coalescing modes; after every reopen
  * and at the end the checker must find nothing.
  *
- * The seed is printed; EXTREE_SEED=<n> replays a run, EXTREE_MODEL_SCALE=<f>
+ * The seed is fixed and printed; EXTREE_TEST_SEED=<n> replays a run (or
+ * EXTREE_TEST_SEED=random picks one, test-seed.h), EXTREE_MODEL_SCALE=<f>
  * multiplies the number of operations.
  *
  * Copyright (c) 2026 The extree authors
@@ -29,6 +30,7 @@
 #include "extree.h"
 #include "extree-backend.h"
 #include "model.h"
+#include "test-seed.h"
 
 typedef struct Variant {
     const char *name;
@@ -99,7 +101,7 @@ fail(Run *r, const char *fmt, ...)
          i <= r->opno; i++) {
         fprintf(stderr, "  %s\n", r->trace[i % TRACE_LEN]);
     }
-    fprintf(stderr, "replay: EXTREE_SEED=%" PRIu64
+    fprintf(stderr, "replay: EXTREE_TEST_SEED=%" PRIu64
             " test-model -p /model/%s\n", r->seed, r->v->name);
     g_test_message("FAIL variant %s seed %" PRIu64 " op %" PRIu64 ": %s",
                    r->v->name, r->seed, r->opno, msg);
@@ -606,10 +608,8 @@ static void run_variant(gconstpointer opaque)
     int ret;
 
     r->v = v;
-    r->seed = r->rng = model_seed();
-    g_test_message("variant %s: seed %" PRIu64 " (EXTREE_SEED=%" PRIu64
-                   " to replay), %" PRIu64 " operations", v->name, r->seed,
-                   r->seed, ops);
+    r->seed = r->rng = test_seed(v->name, 1);
+    g_test_message("variant %s: %" PRIu64 " operations", v->name, ops);
     r->bs = v->block_size;
     r->opts.cache_size = v->cache_size;
     r->opts.dirty_limit = v->dirty_limit;

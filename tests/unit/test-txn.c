@@ -977,7 +977,7 @@ static void test_trim_discard_crash(void)
 {
     CrWork w;
     uint64_t end;
-    GRand *r = g_rand_new_with_seed(5);
+    GRand *r = g_rand_new_with_seed(test_seed("trim-discard-crash", 5));
 
     cr_start(&w);
     cr_write(&w, 0, 1024);                      /* 4 MiB at the end */
