@@ -1,8 +1,10 @@
 #!/bin/bash
-# The whole test suite on a built tree: unit tests of the core (meson test)
-# and the iotests (generic ones with qcow2, raw and extree, plus extree's
-# own).  Ends with one line "N passed, N failed, N skipped" counting every
-# test case that ran: unit test cases (TAP) and iotests.
+# The whole test suite on a built tree: unit tests of the core (meson test,
+# with the fuzz corpus replayed), the same again under AddressSanitizer and
+# UndefinedBehaviorSanitizer, and the iotests (generic ones with qcow2, raw
+# and extree, plus extree's own).  Ends with one line "N passed, N failed,
+# N skipped" counting every test case that ran: unit test cases (TAP), in
+# both builds, and iotests.
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -10,6 +12,21 @@ cd "$top"
 rc=0
 meson test -C build/core --suite unit --print-errorlogs || rc=1
 read -r unit_pass unit_fail unit_skip < <(scripts/unit-summary.py build/core/meson-logs/testlog.json)
+
+# The unit tests again, built with gcc's ASan and UBSan in a second build
+# directory (the core only: QEMU is not rebuilt).  Any report fails the
+# program that made it: UBSan stops at the first error, LeakSanitizer
+# fails the exit.  test-model, the seeded model-based test, is the core's
+# differential test; fuzz-corpus replays tests/fuzz/{seeds,corpus}.
+san=build/core-san
+if [ ! -f $san/build.ninja ]; then
+    meson setup $san -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+fi
+rm -f $san/meson-logs/testlog.json
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    meson test -C $san --suite unit --print-errorlogs || rc=1
+# no log (setup or build failed): one failure
+read -r san_pass san_fail san_skip < <(scripts/unit-summary.py $san/meson-logs/testlog.json 2>/dev/null || echo 0 1 0)
 
 rm -f build/iotests/summary
 scripts/run-iotests.sh || rc=1
@@ -22,8 +39,9 @@ done < build/iotests/summary
 
 echo
 echo "unit tests: $unit_pass passed, $unit_fail failed, $unit_skip skipped"
+echo "unit tests under ASan/UBSan: $san_pass passed, $san_fail failed, $san_skip skipped"
 echo "iotests: $io_pass passed, $io_fail failed, $io_notrun not run, $io_xfail expected failures (tests/qemu-iotests/known-failures)"
-echo "$((unit_pass + io_pass)) passed, $((unit_fail + io_fail)) failed, $((unit_skip + io_notrun + io_xfail)) skipped"
-if [ $rc -ne 0 ] || [ $((unit_fail + io_fail)) -ne 0 ]; then
+echo "$((unit_pass + san_pass + io_pass)) passed, $((unit_fail + san_fail + io_fail)) failed, $((unit_skip + san_skip + io_notrun + io_xfail)) skipped"
+if [ $rc -ne 0 ] || [ $((unit_fail + san_fail + io_fail)) -ne 0 ]; then
     exit 1
 fi
