@@ -815,12 +815,12 @@ static const FzRef *pick_ref(FzRun *r, Extree *t, const uint8_t *orig,
                              size_t len)
 {
     int slot = r->ref->im->slot;
+    const uint8_t *newest = orig + slot * EXTREE_SB_SIZE;
     const uint8_t *other = orig + (!slot) * EXTREE_SB_SIZE;
     const FzRef *ref;
     uint8_t *alt;
 
-    if (t->trees[EXT_TREE_EXTENT].root == ext_ld64(orig +
-                                                   slot * EXTREE_SB_SIZE + 80)) {
+    if (t->trees[EXT_TREE_EXTENT].root == ext_ld64(newest + 80)) {
         return r->ref;
     }
     if (len < EXTREE_SB_AREA || !fz_sb_ok(other) ||
