@@ -63,6 +63,12 @@
  * area is allocatable
  */
 #define EXT_SCARCE_DIV          4
+/*
+ * On a backend of fixed size (host_limit), data leaves this much room for
+ * the nodes its own mapping and the commits after it need: a full device
+ * fails the guest's write with -ENOSPC, not a tree update half-way
+ */
+#define EXT_META_HEADROOM_NODES 64
 /* Commit cuts free space at the end of the file from this size on */
 #define EXT_SHRINK_MIN          (1024 * 1024)
 /*
@@ -381,12 +387,49 @@ static void take(Extree *t, ExtreeRangeSet *set, uint64_t start,
 }
 
 /*
+ * How far host_end may grow: to the backend's limit, if it has one, less
+ * the metadata headroom for @data
+ */
+static uint64_t grow_room(Extree *t, bool data)
+{
+    uint64_t limit = t->host_limit ? MIN(t->host_limit, (uint64_t)INT64_MAX)
+                                   : (uint64_t)INT64_MAX;
+    uint64_t room = limit > t->host_end ? limit - t->host_end : 0;
+
+    if (data && t->host_limit) {
+        uint64_t head = (uint64_t)EXT_META_HEADROOM_NODES * t->node_size;
+        room = room > head ? room - head : 0;
+    }
+    return room / t->block_size * t->block_size;
+}
+
+void extree_set_host_limit(Extree *t, uint64_t limit)
+{
+    t->host_limit = limit;
+}
+
+/* The size of a new reserve at the end of the file (reserve_refill()) */
+static uint64_t reserve_grow_size(const Extree *t)
+{
+    uint64_t ns = t->node_size;
+    uint64_t want = MAX(EXT_RESERVE_MIN * ns,
+                        EXTREE_ROUND_UP(t->host_end / 32, ns));
+
+    return MIN(want, MAX(EXT_RESERVE_MAX, EXT_RESERVE_MIN * ns));
+}
+
+uint64_t extree_grow_bound(const Extree *t, uint64_t bytes)
+{
+    return t->host_end + bytes + reserve_grow_size(t);
+}
+
+/*
  * Grow the host file; the new space is used by the caller (nothing to log:
  * the free tree never covered it)
  */
 static int grow(Extree *t, uint64_t len, uint64_t *start)
 {
-    if (t->host_end > (uint64_t)INT64_MAX - len) {
+    if (len > grow_room(t, false)) {
         return -ENOSPC;
     }
     *start = t->host_end;
@@ -422,14 +465,14 @@ static void reserve_release(Extree *t)
 static int reserve_refill(Extree *t, bool may_grow)
 {
     uint64_t ns = t->node_size;
-    uint64_t want = MAX(EXT_RESERVE_MIN * ns,
-                        EXTREE_ROUND_UP(t->host_end / 32, ns));
+    uint64_t want = reserve_grow_size(t);
     ExtreeRangeSet *set = &t->nfree;
     ExtreeRange *r;
     uint64_t start;
     int ret;
 
-    want = MIN(want, MAX(EXT_RESERVE_MAX, EXT_RESERVE_MIN * ns));
+    /* a backend of fixed size: what is left of it, at least one node */
+    want = MIN(want, grow_room(t, false) / ns * ns);
     reserve_release(t);
     r = rs_first_fit(set, EXT_RESERVE_NFREE_MIN * ns);
     if (!r) {
@@ -445,7 +488,7 @@ static int reserve_refill(Extree *t, bool may_grow)
         t->resv_nfree = set == &t->nfree;
         return 0;
     }
-    if (!may_grow) {
+    if (!may_grow || want < ns) {
         return -ENOSPC;
     }
     ret = grow(t, want, &start);
@@ -606,8 +649,9 @@ static uint64_t take_at(Extree *t, uint64_t hint, uint64_t bytes)
     uint64_t got;
 
     if (hint == t->host_end) {
-        /* Right at the end: grow the extent */
-        return grow(t, bytes, &hint) < 0 ? 0 : bytes;
+        /* Right at the end: grow the extent, as far as the backend allows */
+        got = MIN(bytes, grow_room(t, true));
+        return got && grow(t, got, &hint) == 0 ? got : 0;
     }
     r = free_at(t, hint, &set);
     if (!r) {
@@ -698,12 +742,12 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
             return ret;
         }
     }
-    ret = grow(t, bytes, host);
-    if (ret < 0) {
-        return ret;
+    /* on a backend of fixed size, what fits (the caller loops) */
+    *got = MIN(bytes, grow_room(t, true));
+    if (!*got) {
+        return -ENOSPC;
     }
-    *got = bytes;
-    return 0;
+    return grow(t, *got, host);
 }
 
 /*

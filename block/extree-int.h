@@ -323,6 +323,11 @@ struct Extree {
     GArray *freed_data, *freed_nodes, *discard_later;
     /* host_end lowered in this transaction: truncate after commit */
     bool trimmed;
+    /*
+     * The largest host_end the backend can hold (a block device, an NBD
+     * export); 0: the backend grows as needed
+     */
+    uint64_t host_limit;
     /* generation checked without unrepaired corruption, 0 if none */
     uint64_t check_clean_gen;
     char *open_warning;

@@ -197,6 +197,9 @@ typedef struct ExtreeReopenState {
 static QemuOptsList extree_create_opts;
 static BlockDriver bdrv_extree;
 
+static void coroutine_fn GRAPH_RDLOCK
+extree_grow_before(BDRVExtreeState *s, uint64_t bytes);
+
 static QemuOptsList extree_runtime_opts = {
     .name = "extree",
     .head = QTAILQ_HEAD_INITIALIZER(extree_runtime_opts.head),
@@ -649,6 +652,8 @@ static int coroutine_fn GRAPH_RDLOCK extree_commit_locked(BDRVExtreeState *s)
     while (s->io_inflight > 0) {
         extree_queue_wait(s, &s->commit_queue);
     }
+    /* the free-space tree's nodes are allocated now */
+    extree_grow_before(s, 0);
     ret = extree_commit(s->t);
     if (--s->commit_waiting == 0) {
         qemu_co_queue_restart_all(&s->io_queue);
@@ -759,9 +764,12 @@ static void extree_drain_begin(BlockDriverState *bs)
 
 /*
  * Make the file reach @end before an allocation that ends there is
- * written.  Best effort: if the file cannot grow, the write extends it.
- * Called with s->lock held, so no other allocation runs meanwhile; no
- * request is in flight past the file's end, so the truncate waits for none.
+ * written.  If it cannot grow (a block device, an NBD export: protocol
+ * nodes of fixed size), the core is told to keep host_end within the
+ * file's length from then on, and a full file fails allocating writes with
+ * -ENOSPC.  Called with s->lock held, so no other allocation runs
+ * meanwhile; no request is in flight past the file's end, so the truncate
+ * waits for none.
  */
 static void coroutine_fn GRAPH_RDLOCK
 extree_grow_file(BDRVExtreeState *s, uint64_t end)
@@ -790,10 +798,25 @@ extree_grow_file(BDRVExtreeState *s, uint64_t end)
     trace_extree_grow_file(s, len, want, ret);
     if (ret < 0) {
         s->grow_off = true;
-        s->file_len = -1;
+        extree_set_host_limit(s->t, len);
         return;
     }
     s->file_len = want;
+}
+
+/*
+ * Before a tree update that may allocate up to @bytes of data (0: nodes
+ * only): grow the file as far as the allocation can move host_end, so
+ * that a file of fixed size is known as such before anything is allocated
+ * past its end.  O(1) while the file is long enough.  Called with s->lock
+ * held.
+ */
+static void coroutine_fn GRAPH_RDLOCK
+extree_grow_before(BDRVExtreeState *s, uint64_t bytes)
+{
+    if (!s->core_read_only) {
+        extree_grow_file(s, extree_grow_bound(s->t, bytes));
+    }
 }
 
 /*
@@ -1449,6 +1472,7 @@ extree_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
         return -EAGAIN;
     }
 
+    extree_grow_before(s, end - start);
     ret = extree_alloc_data(s->t, start, end - start, &host, &got);
     if (ret < 0) {
         extree_io_end(s);
@@ -1512,6 +1536,7 @@ extree_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
                QEMUIOVector *qiov, size_t qiov_offset, bool nested)
 {
     BDRVExtreeState *s = bs->opaque;
+    bool committed = false;
     ExtreeCursor cur;
     int ret = 0;
 
@@ -1547,6 +1572,17 @@ extree_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
                                      &n);
             if (ret == -EAGAIN) {
                 continue;
+            }
+            if (ret == -ENOSPC && !committed && extree_is_dirty(s->t)) {
+                /*
+                 * A full node of fixed size: space freed in this
+                 * transaction (a discard) is reusable once committed
+                 */
+                committed = true;
+                if (extree_commit_locked(s) == 0) {
+                    continue;
+                }
+                ret = -ENOSPC;
             }
         }
         if (ret < 0) {
@@ -1608,6 +1644,7 @@ extree_update_range(BDRVExtreeState *s, uint64_t start, uint64_t end,
     assert(QEMU_IS_ALIGNED(start | end, s->block_size) && start < end);
     trace_extree_update_range(s, start, end, op);
     extree_wait_alloc(s, start, end);
+    extree_grow_before(s, 0);
     if (op == EXTREE_OP_ZERO) {
         return extree_set_zero(s->t, start, end - start);
     }
@@ -2398,7 +2435,11 @@ extree_co_create(BlockdevCreateOptions *opts, Error **errp)
     }
     blk_set_allow_write_beyond_eof(blk, true);
 
-    ret = blk_co_truncate(blk, 0, true, PREALLOC_MODE_OFF, 0, errp);
+    /*
+     * Not exact: a block device or an NBD export keeps its size (the
+     * image's superblocks say where it ends), a regular file is emptied
+     */
+    ret = blk_co_truncate(blk, 0, false, PREALLOC_MODE_OFF, 0, errp);
     if (ret < 0) {
         goto out;
     }

@@ -328,6 +328,21 @@ int extree_free_data(Extree *t, uint64_t host, uint64_t bytes);
  * is freed).  O(log n + items replaced).
  */
 int extree_map_data(Extree *t, uint64_t guest, uint64_t bytes, uint64_t host);
+
+/*
+ * The backend cannot grow past @limit bytes (a block device, an NBD
+ * export), 0 for no limit.  Allocations then stay below it: data fails
+ * with -ENOSPC while room for the metadata that maps it and for commits is
+ * left, metadata fails with -ENOSPC only when nothing is left.
+ */
+void extree_set_host_limit(Extree *t, uint64_t limit);
+
+/*
+ * How far host_end can move at most when @bytes of data (0: metadata
+ * only) are allocated next: the data and a new metadata reserve.  A
+ * caller that grows the backend ahead of allocations grows it this far.
+ */
+uint64_t extree_grow_bound(const Extree *t, uint64_t bytes);
 int extree_set_zero(Extree *t, uint64_t guest, uint64_t bytes);
 int extree_punch(Extree *t, uint64_t guest, uint64_t bytes);
 

@@ -329,9 +329,54 @@ static void test_metadata_reserve(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * A backend of fixed size (a block device): writes fill it up to the
+ * metadata headroom, the last one partially, then fail with -ENOSPC; the
+ * image commits and checks clean, nothing lies past the limit, and space
+ * freed by a discard is used again
+ */
+static void test_host_limit(void)
+{
+    uint64_t limit = 2 << 20, vsize = 64 << 20, guest = 0;
+    ExtreeBackend *be = ct_create(vsize, BS, NS);
+    Extree *t = ct_open(be);
+    uint64_t host, got;
+    int ret = 0;
+
+    extree_set_host_limit(t, limit);
+    while (guest < vsize) {
+        /* every other 4 blocks: one extent each, so the tree grows too */
+        ret = extree_alloc_data(t, guest, 4 * BS, &host, &got);
+        if (ret < 0) {
+            break;
+        }
+        g_assert_cmpuint(host + got, <=, limit);
+        g_assert_cmpint(extree_map_data(t, guest, got, host), ==, 0);
+        guest += got == 4 * BS ? 8 * BS : got;
+    }
+    g_assert_cmpint(ret, ==, -ENOSPC);
+    g_assert_cmpuint(guest, >, limit / 4);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpuint(extree_host_end(t), <=, limit);
+    ct_check_clean(t, NULL);
+
+    /* a discard makes room again, below the limit */
+    g_assert_cmpint(extree_punch(t, 0, 64 * BS), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpint(extree_alloc_data(t, vsize - 4 * BS, 4 * BS, &host,
+                                      &got), ==, 0);
+    g_assert_cmpuint(host + got, <=, limit);
+    g_assert_cmpint(extree_map_data(t, vsize - 4 * BS, got, host), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/alloc/host-limit", test_host_limit);
     g_test_add_func("/alloc/sequential-one-extent",
                     test_sequential_one_extent);
     g_test_add_func("/alloc/near-hint", test_near_hint);
