@@ -365,6 +365,13 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
         c.has_last = false;
         walk(&c, tree->owner, tree->root, &e);
     }
+    if (t->root_bytes_bad) {
+        count(&c, false);
+        say(&c, "corrupt extent tree node at offset 0x%" PRIx64 ": subtree "
+            "bytes mismatch, have 0x%" PRIx64 " expect 0x%" PRIx64
+            " (superblock's extent_bytes)", t->trees[EXT_TREE_EXTENT].root,
+            t->trees[EXT_TREE_EXTENT].total, t->root_bytes_want);
+    }
     if (res->extents != t->trees[EXT_TREE_EXTENT].nitems) {
         res->corruptions++;
         c.count_bad = true;

@@ -328,6 +328,12 @@ struct Extree {
      * export); 0: the backend grows as needed
      */
     uint64_t host_limit;
+    /*
+     * The extent tree root's item lengths disagree with the superblock's
+     * extent_bytes (opened for the checker only): @root_bytes_want
+     */
+    bool root_bytes_bad;
+    uint64_t root_bytes_want;
     /* generation checked without unrepaired corruption, 0 if none */
     uint64_t check_clean_gen;
     char *open_warning;

@@ -24,6 +24,7 @@ typedef struct ExtreeSuper {
     uint64_t root[2], root_gen[2];
     unsigned root_level[2];
     uint64_t extent_count, free_bytes;
+    uint64_t extent_bytes;      /* valid with EXTREE_AUTOCLEAR_EXTENT_BYTES */
     char backing_file[EXTREE_BACKING_FILE_MAX + 1];
     char backing_fmt[EXTREE_BACKING_FMT_MAX + 1];
 } ExtreeSuper;
@@ -69,6 +70,7 @@ static void sb_encode(const ExtreeSuper *s, uint8_t *buf)
                 s->root_level[1]);
     ext_st64(buf + SB_OFF(extent_count), s->extent_count);
     ext_st64(buf + SB_OFF(free_bytes), s->free_bytes);
+    ext_st64(buf + SB_OFF(extent_bytes), s->extent_bytes);
     buf[SB_OFF(backing_file_len)] = flen & 0xff;
     buf[SB_OFF(backing_file_len) + 1] = flen >> 8;
     buf[SB_OFF(backing_fmt_len)] = mlen & 0xff;
@@ -144,6 +146,7 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     }
     s->extent_count = ext_ld64(buf + SB_OFF(extent_count));
     s->free_bytes = ext_ld64(buf + SB_OFF(free_bytes));
+    s->extent_bytes = ext_ld64(buf + SB_OFF(extent_bytes));
     flen = buf[SB_OFF(backing_file_len)] |
            (buf[SB_OFF(backing_file_len) + 1] << 8);
     mlen = buf[SB_OFF(backing_fmt_len)] |
@@ -201,6 +204,13 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
                                s->block_size);
         return -EINVAL;
     }
+    if ((s->autoclear & EXTREE_AUTOCLEAR_EXTENT_BYTES) &&
+        (!EXTREE_IS_ALIGNED(s->extent_bytes, s->block_size) ||
+         s->extent_bytes > EXTREE_ROUND_UP(s->virtual_size, s->block_size))) {
+        *why = g_strdup_printf("bad extent_bytes 0x%" PRIx64,
+                               s->extent_bytes);
+        return -EINVAL;
+    }
     if (s->free_bytes > s->host_end - data_start ||
         !EXTREE_IS_ALIGNED(s->free_bytes, s->block_size)) {
         *why = g_strdup_printf("bad free_bytes 0x%" PRIx64, s->free_bytes);
@@ -240,6 +250,8 @@ static void super_from_tree(Extree *t, ExtreeSuper *s)
     }
     s->extent_count = t->trees[EXT_TREE_EXTENT].nitems;
     s->free_bytes = t->trees[EXT_TREE_FREE].total;
+    s->extent_bytes = t->trees[EXT_TREE_EXTENT].total;
+    s->autoclear = EXTREE_AUTOCLEAR_EXTENT_BYTES;
     g_strlcpy(s->backing_file, t->backing_file ? t->backing_file : "",
               sizeof(s->backing_file));
     g_strlcpy(s->backing_fmt, t->backing_fmt ? t->backing_fmt : "",
@@ -598,8 +610,9 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
                           : EXTREE_DEFAULT_CACHE_SIZE) / t->node_size, 32);
     t->dirty_limit = MAX((o->dirty_limit ? o->dirty_limit
                           : EXTREE_DEFAULT_DIRTY_LIMIT) / t->node_size, 16);
-    /* a changed autoclear bit is cleared by the next commit */
-    t->super_dirty = sb[best].autoclear != 0 && !t->read_only;
+    /* an unknown autoclear bit is cleared by the next commit */
+    t->super_dirty = (sb[best].autoclear & ~EXTREE_AUTOCLEAR_MASK) &&
+                     !t->read_only;
     extree_cache_init(t);
     extree_alloc_init(t);
 
@@ -611,11 +624,30 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
      * handle without an allocator, for extree_check() to rebuild it.
      */
     {
+        ExtreeTree *et = &t->trees[EXT_TREE_EXTENT];
         ExtreeNodeExpect e;
         ExtreeNode *n;
-        extree_tree_expect(t, &t->trees[EXT_TREE_EXTENT], &e);
-        ret = extree_node_get(t, t->trees[EXT_TREE_EXTENT].root, &e, &n);
+        extree_tree_expect(t, et, &e);
+        ret = extree_node_get(t, et->root, &e, &n);
         if (ret == 0) {
+            /*
+             * The root's children are checked against its child_bytes as
+             * they are read; the root itself against the superblock
+             */
+            et->total = n->bytes;
+            if ((sb[best].autoclear & EXTREE_AUTOCLEAR_EXTENT_BYTES) &&
+                n->bytes != sb[best].extent_bytes && o->check) {
+                t->root_bytes_bad = true;
+                t->root_bytes_want = sb[best].extent_bytes;
+            } else if ((sb[best].autoclear & EXTREE_AUTOCLEAR_EXTENT_BYTES) &&
+                       n->bytes != sb[best].extent_bytes) {
+                ret = extree_corrupt(t, et->root, "corrupt extent tree node "
+                                     "at offset 0x%" PRIx64 ": subtree bytes"
+                                     " mismatch, have 0x%" PRIx64 " expect "
+                                     "0x%" PRIx64 " (superblock's "
+                                     "extent_bytes)", et->root, n->bytes,
+                                     sb[best].extent_bytes);
+            }
             extree_node_unref(t, n);
         }
     }
@@ -849,7 +881,7 @@ int extree_mark_corrupt(Extree *t)
     }
     s.generation = t->generation + 1;
     s.incompat |= EXTREE_INCOMPAT_CORRUPT;
-    s.autoclear = 0;
+    s.autoclear &= EXTREE_AUTOCLEAR_MASK;
     ret = write_super_t(t, &s);
     if (ret == 0) {
         ret = t->be->ops->flush(t->be->opaque);
@@ -896,7 +928,7 @@ int extree_mark_corrupt_image(ExtreeBackend *be)
     }
     sb[best].generation++;
     sb[best].incompat |= EXTREE_INCOMPAT_CORRUPT;
-    sb[best].autoclear = 0;
+    sb[best].autoclear &= EXTREE_AUTOCLEAR_MASK;
     ret = write_super(be, &sb[best], &msg);
     g_free(msg);
     if (ret == 0) {

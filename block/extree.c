@@ -906,6 +906,7 @@ extree_open_core(BDRVExtreeState *s, int flags, uint64_t cache_size,
         .cache_size = cache_size,
         .dirty_limit = EXTREE_CORE_DIRTY_LIMIT_OFF,
         .repair = (flags & BDRV_O_CHECK) && (flags & BDRV_O_RDWR),
+        .check = flags & BDRV_O_CHECK,
     };
     g_autofree char *msg = NULL;
     const char *warning;
@@ -919,12 +920,19 @@ extree_open_core(BDRVExtreeState *s, int flags, uint64_t cache_size,
     } else if (ret == -EIO && !o.read_only && msg &&
                g_str_has_prefix(msg, "corrupt ")) {
         int ret2 = extree_mark_corrupt_image(&s->backend);
+        ExtreeOpenOptions ro = { .read_only = true };
+        g_autofree char *ro_msg = NULL;
+        Extree *ro_t = NULL;
 
         error_setg(errp, "extree: %s", msg);
-        if (ret2 == 0) {
+        if (ret2 == 0 && extree_open(&s->backend, &ro, &ro_t, &ro_msg) == 0) {
             error_append_hint(errp, "The image has been marked corrupt; it "
                               "can still be opened read-only.\n");
+        } else if (ret2 == 0) {
+            error_append_hint(errp, "The image has been marked corrupt; "
+                              "'qemu-img check' reports the damage.\n");
         }
+        extree_close(ro_t);
         return ret;
     } else if (ret < 0) {
         error_setg(errp, "extree: %s", msg ? msg : strerror(-ret));

@@ -85,6 +85,13 @@ typedef struct ExtreeOpenOptions {
      * extree_clear_corrupt() may clear the bit.  Ignored with read_only.
      */
     bool repair;
+    /*
+     * For the checker (qemu-img check, with or without -r): an extent
+     * tree root whose items disagree with the superblock's extent_bytes
+     * does not fail the open; extree_check() reports it.  Other opens
+     * fail then: what the root lost cannot be told from a hole.
+     */
+    bool check;
 } ExtreeOpenOptions;
 
 #define EXTREE_DEFAULT_CACHE_SIZE   (32 * 1024 * 1024)

@@ -73,8 +73,15 @@
 
 /* Compatible features: none defined; unknown bits are ignored */
 #define EXTREE_COMPAT_MASK              0ULL
-/* Autoclear features: none defined; unknown bits are cleared on write */
-#define EXTREE_AUTOCLEAR_MASK           0ULL
+/*
+ * Autoclear features: unknown bits are cleared on write.
+ * EXTREE_AUTOCLEAR_EXTENT_BYTES: extent_bytes is valid (a writer that
+ * does not know it clears the bit, so a stale value is never checked).
+ */
+#define EXTREE_AUTOCLEAR_EXTENT_BYTES_BITNR 0
+#define EXTREE_AUTOCLEAR_EXTENT_BYTES \
+    (1ULL << EXTREE_AUTOCLEAR_EXTENT_BYTES_BITNR)
+#define EXTREE_AUTOCLEAR_MASK           EXTREE_AUTOCLEAR_EXTENT_BYTES
 
 /* Tree identifiers, stored in every node's owner field */
 #define EXTREE_TREE_EXTENT      1
@@ -108,7 +115,8 @@ typedef struct __attribute__((packed)) ExtreeDiskSuper {
     uint16_t backing_file_len;  /*  144 */
     uint16_t backing_fmt_len;   /*  146 */
     uint32_t reserved1;         /*  148 */
-    uint8_t reserved2[1024 - 152];
+    uint64_t extent_bytes;      /*  152: sum of extent tree item lengths */
+    uint8_t reserved2[1024 - 160];
     char backing_fmt[32];       /* 1024 */
     uint8_t reserved3[2048 - 1056];
     char backing_file[1024];    /* 2048 */
@@ -171,6 +179,7 @@ _Static_assert(__builtin_offsetof(ExtreeDiskSuper, extent_root) == 80, "sb");
 _Static_assert(__builtin_offsetof(ExtreeDiskSuper, free_root) == 104, "sb");
 _Static_assert(__builtin_offsetof(ExtreeDiskSuper, backing_file_len) == 144,
                "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, extent_bytes) == 152, "sb");
 _Static_assert(__builtin_offsetof(ExtreeDiskSuper, backing_fmt) == 1024, "sb");
 _Static_assert(__builtin_offsetof(ExtreeDiskSuper, backing_file) == 2048,
                "sb");

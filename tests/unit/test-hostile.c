@@ -275,6 +275,53 @@ static void test_new_node_over_live(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * An item deleted from the root (the fuzzer's find): the root's items are
+ * checked against nothing but the superblock's extent_bytes.  Opens fail
+ * rather than read the lost range as a hole; the checker opens and says so.
+ */
+static void test_root_item_lost(void)
+{
+    ExtreeBackend *be = make_image();
+    ExtreeOpenOptions ro = { .read_only = true };
+    ExtreeOpenOptions chk = { .read_only = true, .check = true };
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeCheckResult res;
+    ExtreeDiskSuper sb;
+    uint64_t root;
+    uint8_t *buf;
+    Extree *t;
+    char *err = NULL;
+    int nr;
+
+    ct_read_super(be, &sb);
+    g_assert_true(GUINT64_FROM_LE(sb.autoclear_features) &
+                  EXTREE_AUTOCLEAR_EXTENT_BYTES);
+    root = GUINT64_FROM_LE(sb.extent_root.bytenr);
+    buf = ct_node_read(be, root, NS);
+    nr = ext_ld32(buf + EXT_NH_NRITEMS);
+    g_assert_cmpint(nr, >=, 3);
+    memmove(buf + EXTREE_NODE_HEADER_SIZE + EXT_PTR_ISZ,
+            buf + EXTREE_NODE_HEADER_SIZE + 2 * EXT_PTR_ISZ,
+            (size_t)(nr - 2) * EXT_PTR_ISZ);
+    memset(buf + EXTREE_NODE_HEADER_SIZE + (nr - 1) * EXT_PTR_ISZ, 0,
+           EXT_PTR_ISZ);
+    ext_st32(buf + EXT_NH_NRITEMS, nr - 1);
+    ct_node_write(be, root, buf, NS, true);
+    g_free(buf);
+
+    g_assert_cmpint(extree_open(be, &ro, &t, &err), ==, -EIO);
+    g_assert_nonnull(strstr(err, "superblock's extent_bytes"));
+    g_free(err);
+    g_assert_cmpint(extree_open(be, &chk, &t, &err), ==, 0);
+    g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, >=, 1);
+    g_assert_true(ct_has_msg(&r, "superblock's extent_bytes"));
+    extree_close(t);
+    g_ptr_array_free(r.msgs, true);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -283,5 +330,6 @@ int main(int argc, char **argv)
     g_test_add_func("/hostile/extent-count", test_extent_count);
     g_test_add_func("/hostile/backing-junk", test_backing_junk);
     g_test_add_func("/hostile/new-node-over-live", test_new_node_over_live);
+    g_test_add_func("/hostile/root-item-lost", test_root_item_lost);
     return g_test_run();
 }
