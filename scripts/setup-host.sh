@@ -13,6 +13,17 @@ set -euo pipefail
 
 die() { echo "setup-host: $*" >&2; exit 1; }
 
+# apt's own output (one line per package unpacked) goes to a log; the
+# terminal gets one line per step, and the log's tail if a step fails
+log=$(cd "$(dirname "$0")/.." && pwd)/build/setup-host.log
+mkdir -p "$(dirname "$log")"
+quiet() {
+    if ! "$@" >> "$log" 2>&1; then
+        tail -n 20 "$log" >&2
+        return 1
+    fi
+}
+
 SUDO=
 if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
@@ -85,8 +96,8 @@ fi
 stamp=/var/lib/apt/lists/.extree-updated
 if [ $changed = 1 ] || [ ! -e "$stamp" ] ||
    ! apt-cache showsrc qemu 2>/dev/null | grep -q '^Version: 1:10\.0'; then
-    echo "setup-host: apt-get update"
-    $SUDO apt-get update -qq || die "apt-get update failed: check the network and /etc/apt/sources.list.d"
+    echo "setup-host: apt-get update (log: $log)"
+    quiet $SUDO apt-get update -qq || die "apt-get update failed: check the network and /etc/apt/sources.list.d"
     $SUDO touch "$stamp"
 fi
 
@@ -106,16 +117,16 @@ for p in "${pkgs[@]}"; do
     dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "setup-host: installing ${missing[*]}"
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" ||
+    echo "setup-host: installing ${#missing[@]} packages (log: $log)"
+    quiet $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" ||
         die "apt-get install failed for: ${missing[*]}"
 fi
 
 # meson >= 1.5 from bookworm-backports (bookworm has 1.0).
 mver=$(dpkg-query -W -f '${Version}' meson 2>/dev/null || true)
 if [ -z "$mver" ] || dpkg --compare-versions "$mver" lt 1.5; then
-    echo "setup-host: installing meson from bookworm-backports"
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports meson ||
+    echo "setup-host: installing meson from bookworm-backports (log: $log)"
+    quiet $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports meson ||
         die "cannot install meson >= 1.5 from bookworm-backports"
 fi
 exit 0
