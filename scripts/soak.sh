@@ -98,7 +98,7 @@ run() {
 for ((r = 0; r < rounds; r++)); do
     s=$((seed + r))
     case ,$only, in *,concurrency,*)
-        run extree-concurrency 'operations or more in all' \
+        run extree-concurrency 'operations in all' \
             EXTREE_CONC_SEED=$s EXTREE_CONC_OPS=$ops EXTREE_CONC_SIZE=$size ;;
     esac
     case ,$only, in *,kill,*)
