@@ -8,8 +8,9 @@
 #
 #   -n N       executions in all (default 10000000)
 #   -t S       stop after S seconds even if fewer executions ran
-#   --merge    afterwards, minimise the working corpus into tests/fuzz/corpus
-#              (libFuzzer -merge=1; the inputs already there are kept)
+#   --merge    afterwards, replace tests/fuzz/corpus by the fewest inputs
+#              (smallest first) that reach every edge it and the working
+#              corpus reach (libFuzzer -merge=1 -use_counters=0)
 #
 # libFuzzer stops at the first crash or oracle violation; this script
 # saves the input (build/fuzz/artifacts/) and goes on with the executions
@@ -105,14 +106,15 @@ grep -a -E '^(extree fuzz oracle violation|SUMMARY:|==[0-9]+==ERROR)' $log |
 grep -a 'Test unit written to' $log | sed 's/.*written to /  input: /' || true
 echo "log: $log"
 
-# The smallest set of inputs (smaller ones first) that keeps every
-# feature of the committed corpus and the working one
+# Edges, not hit counts: the corpus stays a few MB (167 inputs, 7 MB,
+# for 4847 edges after the first campaign); named reproducers live in
+# tests/fuzz/fixed, which this leaves alone
 if $merge; then
     new=$build/corpus.merged
     rm -rf $new
     mkdir -p $new tests/fuzz/corpus
-    nice -n 10 $fuzzer -merge=1 "${args[@]}" $new tests/fuzz/corpus $work \
-        > $build/merge.log 2>&1
+    nice -n 10 $fuzzer -merge=1 -use_counters=0 "${args[@]}" $new \
+        tests/fuzz/corpus $work > $build/merge.log 2>&1
     rm -rf tests/fuzz/corpus
     mv $new tests/fuzz/corpus
     echo "merged: tests/fuzz/corpus has $(ls tests/fuzz/corpus | wc -l)" \

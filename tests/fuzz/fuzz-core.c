@@ -73,8 +73,9 @@ typedef struct FzRun {
     bool inside_strict;         /* reads inside [lo, hi) checked too */
     /*
      * The edited node is the extent tree's root and its items no longer
-     * add up to the bytes they mapped: nothing records that sum, so no
-     * reader can see lost items (EXTREE_FUZZ_TOLERATE=root-sum)
+     * add up to the bytes they mapped: in an image without extent_bytes
+     * nothing records that sum, so no reader can see lost items
+     * (EXTREE_FUZZ_TOLERATE=root-sum, tests/fuzz/crashes/README)
      */
     bool root_sum_changed;
     /* the allocator cannot be misled: a commit must reopen */

@@ -5,10 +5,10 @@
  * roots), edits one field of a node or a superblock - keys, lengths, host
  * offsets, types, child pointers, generations and child_bytes, nritems,
  * levels, owners, superblock geometry, roots, generation, extent_count,
- * free_bytes, host_end, features, backing file name bytes - or moves
- * items around, and stores the crc32c again (nodes: of bytes 4 ..
- * node_size - 1 at 0; superblocks: of the slot with bytes 16..19 zeroed)
- * so that the edit reaches the semantic checks.  Each edit is recorded in
+ * extent_bytes, free_bytes, host_end, features, backing file name bytes -
+ * or moves items around, and stores the crc32c again (nodes: of bytes 4
+ * .. node_size - 1 at 0; superblocks: of the slot with bytes 16..19
+ * zeroed) so that the edit reaches the semantic checks.  Each edit is recorded in
  * the input's trailer (fuzz-input.h) for the target's oracle.  Edits keep
  * to one node most of the time: that is the case the oracle judges.
  *
@@ -393,6 +393,8 @@ static void mutate_super(Mut *m)
         { 128, 8 },     /* extent_count */
         { 128, 8 },
         { 136, 8 },     /* free_bytes */
+        { 152, 8 },     /* extent_bytes */
+        { 152, 8 },
         { 144, 2 },     /* backing_file_len */
         { 146, 2 },     /* backing_fmt_len */
         { 8, 4 },       /* version */
@@ -412,7 +414,7 @@ static void mutate_super(Mut *m)
     if (k >= (int)G_N_ELEMENTS(f)) {
         /* a byte of the backing names or of a reserved area */
         static const int area[][2] = {
-            { 1024, 32 }, { 2048, 1024 }, { 152, 1024 - 152 },
+            { 1024, 32 }, { 2048, 1024 }, { 160, 1024 - 160 },
         };
         int a = k - G_N_ELEMENTS(f);
         uint16_t flen = load_le(m, slot * EXTREE_SB_SIZE + 144, 2);
