@@ -832,7 +832,7 @@ static gint cmp_level(gconstpointer a, gconstpointer b)
  * dirty too (copy-on-write), and an item whose child is clean was copied
  * with its value from the committed parent.  O(dirty nodes * fan-out).
  */
-static void fix_subtree_bytes(Extree *t, GPtrArray *arr)
+static int fix_subtree_bytes(Extree *t, GPtrArray *arr)
 {
     g_ptr_array_sort(arr, cmp_level);
     for (guint i = 0; i < arr->len; i++) {
@@ -847,11 +847,33 @@ static void fix_subtree_bytes(Extree *t, GPtrArray *arr)
             uint64_t child = ext_ld64(ip + 8);
             ExtreeNode *c = g_hash_table_lookup(t->cache, &child);
 
-            if (c && c->dirty) {
-                ext_st64(ip + 24, extree_node_subtree_bytes(c));
+            if (!c || !c->dirty) {
+                continue;
             }
+            /*
+             * A damaged item pointing at a location this transaction
+             * reused (a freed node's, even its own parent's) must not get
+             * that node's sum: the superblock would name a tree the
+             * reader rejects
+             */
+            if (node_owner(c) != node_owner(n) ||
+                node_level(c) + 1 != node_level(n) ||
+                (node_nritems(c) && node_key(c, 0) != ext_ld64(ip))) {
+                t->broken = true;
+                return extree_corrupt(t, child, "corrupt %s node at offset "
+                                      "0x%" PRIx64 ": item %d points at 0x%"
+                                      PRIx64 ", a node of level %u with "
+                                      "first key 0x%" PRIx64 " written in "
+                                      "this transaction; refusing to "
+                                      "commit", extree_tree_name(
+                                      node_owner(n)), n->bytenr, k, child,
+                                      node_level(c), node_nritems(c) ?
+                                      node_key(c, 0) : 0);
+            }
+            ext_st64(ip + 24, extree_node_subtree_bytes(c));
         }
     }
+    return 0;
 }
 
 /*
@@ -871,7 +893,7 @@ int extree_node_write_dirty(Extree *t)
         extree_node_ref(n);
         g_ptr_array_add(arr, n);
     }
-    fix_subtree_bytes(t, arr);
+    ret = fix_subtree_bytes(t, arr);
     g_ptr_array_sort(arr, cmp_bytenr);
     for (guint i = 0; i < arr->len && ret == 0;) {
         ExtreeNode *first = arr->pdata[i];
