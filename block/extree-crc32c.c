@@ -201,12 +201,7 @@ uint32_t extree_crc32c(uint32_t crc, const void *buf, size_t len)
     return ~crc32c_sw(~crc, buf, len);
 }
 
-/*
- * The table version on any CPU, for tests/unit/test-crc32c.c: where
- * extree_crc32c() uses the crc32 instruction the tables are still tested.
- * Not in extree-int.h: the core has no use for it.
- */
-uint32_t extree_crc32c_software(uint32_t crc, const void *buf, size_t len);
+/* See extree-int.h */
 uint32_t extree_crc32c_software(uint32_t crc, const void *buf, size_t len)
 {
     crc32c_init();

@@ -11,9 +11,6 @@
 #include "extree-int.h"
 #include "test-seed.h"
 
-/* block/extree-crc32c.c, for tests only */
-uint32_t extree_crc32c_software(uint32_t crc, const void *buf, size_t len);
-
 typedef struct CrcImpl {
     const char *name;
     uint32_t (*fn)(uint32_t crc, const void *buf, size_t len);
