@@ -35,8 +35,6 @@
 #include "fuzz-input.h"
 #include "extree-backend.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 #define SECTOR          512
 /* Bounds that keep one input fast whatever its geometry claims */
 #define MAX_QUERIES     20000
@@ -126,11 +124,7 @@ static void *scratch(void **buf, size_t *cap, size_t len)
 
 static uint64_t fz_rand(FzRun *r)
 {
-    uint64_t z = (r->rng += 0x9e3779b97f4a7c15ULL);
-
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+    return fz_splitmix64(&r->rng);
 }
 
 static uint64_t fz_below(FzRun *r, uint64_t n)

@@ -399,4 +399,20 @@ static inline void fz_sb_fix_csum(uint8_t *sb)
     ext_st32(sb + 16, fz_sb_csum(sb));
 }
 
+/* libFuzzer's entry points (fuzz-core.c, fuzz-mutator.c) */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+size_t LLVMFuzzerMutate(uint8_t *data, size_t size, size_t max_size);
+size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size,
+                               unsigned int seed);
+
+/* splitmix64: the one generator of the target, mutator and seed builder */
+static inline uint64_t fz_splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
 #endif /* TESTS_FUZZ_FUZZ_INPUT_H */

@@ -19,9 +19,6 @@
 
 #include "fuzz-input.h"
 
-size_t LLVMFuzzerMutate(uint8_t *data, size_t size, size_t max_size);
-size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size,
-                               unsigned int seed);
 
 typedef struct Rec {
     uint64_t off;
@@ -43,11 +40,7 @@ typedef struct Mut {
 
 static uint64_t mrand(Mut *m)
 {
-    uint64_t z = (m->rng += 0x9e3779b97f4a7c15ULL);
-
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+    return fz_splitmix64(&m->rng);
 }
 
 static uint64_t below(Mut *m, uint64_t n)

@@ -30,11 +30,7 @@ typedef struct Gen {
 
 static uint64_t gen_rand(Gen *g)
 {
-    uint64_t z = (g->rng += 0x9e3779b97f4a7c15ULL);
-
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+    return fz_splitmix64(&g->rng);
 }
 
 static void must(int ret, const char *what)
