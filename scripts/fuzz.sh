@@ -8,6 +8,10 @@
 #
 #   -n N       executions in all (default 10000000)
 #   -t S       stop after S seconds even if fewer executions ran
+#   --fast     without ASan/UBSan (build/fuzz-fast): several times the
+#              executions per second; the oracle still checks every
+#              answer, and crashes it finds are replayed under the
+#              sanitizers by `make check` once saved into tests/fuzz/fixed
 #   --merge    afterwards, replace tests/fuzz/corpus by the fewest inputs
 #              (smallest first) that reach every edge it and the working
 #              corpus reach (libFuzzer -merge=1 -use_counters=0)
@@ -26,21 +30,30 @@ cd "$top"
 runs=10000000
 max_time=0
 merge=false
+fast=false
 while [ $# -gt 0 ]; do
     case "$1" in
     -n) runs=$2; shift 2 ;;
     -t) max_time=$2; shift 2 ;;
     --merge) merge=true; shift ;;
+    --fast) fast=true; shift ;;
     --) shift; break ;;
-    *) echo "usage: $0 [-n EXECUTIONS] [-t SECONDS] [--merge] [-- LIBFUZZER-ARGS]" >&2
+    *) echo "usage: $0 [-n EXECUTIONS] [-t SECONDS] [--fast] [--merge]" \
+            "[-- LIBFUZZER-ARGS]" >&2
        exit 2 ;;
     esac
 done
 
-build=build/fuzz
+if $fast; then
+    build=build/fuzz-fast
+    sanitize=none
+else
+    build=build/fuzz
+    sanitize=address,undefined
+fi
 if [ ! -f $build/build.ninja ]; then
-    CC=clang-16 meson setup $build -Dfuzz=true \
-        -Db_sanitize=address,undefined -Db_lundef=false
+    CC=clang-16 meson setup $build -Dfuzz=true -Dbuildtype=debugoptimized \
+        -Db_sanitize=$sanitize -Db_lundef=false >/dev/null
 fi
 nice -n 10 meson compile -C $build tests/fuzz/fuzz-core >/dev/null
 
@@ -48,6 +61,10 @@ fuzzer=$build/tests/fuzz/fuzz-core
 work=$build/corpus
 artifacts=$build/artifacts
 log=$build/fuzz.log
+# The fast build starts from what the sanitized campaigns found
+if [ ! -d $work ] && [ -d build/fuzz/corpus ] && $fast; then
+    cp -r build/fuzz/corpus $work
+fi
 mkdir -p $work $artifacts
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
