@@ -20,7 +20,8 @@ die() { echo "graft: error: $*" >&2; exit 1; }
 # the unit tests: QEMU has its own I/O.
 mapfile -t files < <(cd "$top" && {
     ls block/extree*.c block/extree*.h include/block/extree*.h docs/interop/extree.rst \
-       docs/devel/extree.rst block/extree/trace-events 2>/dev/null
+       docs/devel/extree.rst block/extree/trace-events \
+       block/extree/sources 2>/dev/null
     find tests/qemu-iotests/tests -type f 2>/dev/null
 } | grep -v -E '^block/extree-backend\.' | sort -u)
 
