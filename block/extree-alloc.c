@@ -561,6 +561,11 @@ static void note_freed(GArray *list, uint64_t start, uint64_t len)
     g_array_append_val(list, ((ExtreeAllocOp){ start, len, true }));
 }
 
+/*
+ * Free [start, start + len): pending until the next commit is durable.
+ * Freeing space that is already free means two owners claimed it: a
+ * corrupt image (or a caller bug) - refuse instead of double-counting.
+ */
 static int free_range(Extree *t, uint64_t start, uint64_t len, bool node)
 {
     if (!len) {
@@ -580,22 +585,6 @@ static int free_range(Extree *t, uint64_t start, uint64_t len, bool node)
 }
 
 /*
- * Free [start, start + len) of DATA: pending until the next commit is
- * durable.  Freeing space that is already free means two owners claimed
- * it: a corrupt image (or a caller bug) - refuse instead of double-counting.
- */
-int extree_free_space(Extree *t, uint64_t start, uint64_t len)
-{
-    return free_range(t, start, len, false);
-}
-
-/* The location of a node that left its tree */
-int extree_free_node(Extree *t, uint64_t bytenr)
-{
-    return free_range(t, bytenr, t->node_size, true);
-}
-
-/*
  * Leak repair and free-tree rebuild: space owned by nobody becomes free in
  * the next commit (and allocatable after it, like any freed space)
  */
@@ -609,21 +598,6 @@ int extree_alloc_add_free(Extree *t, uint64_t start, uint64_t len)
     log_op(t, start, len, true);
     note_freed(t->freed_data, start, len);
     return 0;
-}
-
-int extree_free_data(Extree *t, uint64_t host, uint64_t bytes)
-{
-    int ret = extree_check_writable(t);
-
-    if (ret < 0) {
-        return ret;
-    }
-    if (!bytes || !EXTREE_IS_ALIGNED(host | bytes, t->block_size) ||
-        host < t->data_start || host >= t->host_end ||
-        bytes > t->host_end - host || extree_alloc_is_free(t, host, bytes)) {
-        return -EINVAL;
-    }
-    return extree_free_space(t, host, bytes);
 }
 
 /* The range of avail or nfree that contains @off, and its set */
@@ -642,7 +616,7 @@ static ExtreeRange *free_at(Extree *t, uint64_t off, ExtreeRangeSet **set)
 }
 
 /* Take up to @bytes at @hint if it is allocatable; returns bytes taken */
-static uint64_t take_at(Extree *t, uint64_t hint, uint64_t bytes)
+uint64_t extree_alloc_take_at(Extree *t, uint64_t hint, uint64_t bytes)
 {
     ExtreeRangeSet *set;
     ExtreeRange *r;
@@ -663,53 +637,33 @@ static uint64_t take_at(Extree *t, uint64_t hint, uint64_t bytes)
 }
 
 /*
- * Host space for guest [guest, guest + bytes): after the guest neighbour's
- * extent, else before the following one, else the lowest free range that
- * fits, else (free space plentiful) the longest free range, else the end of
- * the file.  O(log n).
+ * Take the @bytes that end at @end if they are allocatable (data placed
+ * right before its guest successor's extent)
  */
-int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
-                      uint64_t *host, uint64_t *got)
+bool extree_alloc_take_before(Extree *t, uint64_t end, uint64_t bytes)
 {
-    ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
-    uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
-    ExtreeRangeSet *set = &t->avail;
-    ExtreeItem prev, next;
+    ExtreeRangeSet *set;
+    ExtreeRange *r = free_at(t, end - bytes, &set);
+
+    if (r && r->start + r->len >= end) {
+        take(t, set, end - bytes, bytes);
+        return true;
+    }
+    return false;
+}
+
+/*
+ * Host space for data with no neighbour to follow: the lowest free range
+ * that fits, else (free space plentiful) the longest free range, else the
+ * end of the file.  *@got may be less than @bytes.  O(log n).
+ */
+int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
+                          uint64_t *got)
+{
+    ExtreeRangeSet *set;
     ExtreeRange *r;
-    bool hp, hn;
     int ret;
 
-    ret = extree_check_writable(t);
-    if (ret < 0) {
-        return ret;
-    }
-    if (!bytes || !EXTREE_IS_ALIGNED(guest | bytes, t->block_size) ||
-        guest >= vend || bytes > vend - guest) {
-        return -EINVAL;
-    }
-    ret = extree_bt_find(t, tree, guest, &prev, &hp, &next, &hn);
-    if (ret < 0) {
-        return ret;
-    }
-    if (hp && prev.type == EXTREE_ITEM_DATA &&
-        prev.key + prev.length == guest) {
-        *got = take_at(t, prev.host + prev.length, bytes);
-        if (*got) {
-            *host = prev.host + prev.length;
-            return 0;
-        }
-    }
-    if (hn && next.type == EXTREE_ITEM_DATA && next.key == guest + bytes &&
-        next.host >= t->data_start + bytes) {
-        uint64_t h = next.host - bytes;
-        r = free_at(t, h, &set);
-        if (r && r->start + r->len >= next.host) {
-            take(t, set, h, bytes);
-            *host = h;
-            *got = bytes;
-            return 0;
-        }
-    }
     set = &t->avail;
     r = rs_first_fit(set, bytes);
     if (!r && t->avail.bytes + t->nfree.bytes >=
@@ -802,7 +756,7 @@ static ExtreeRange *rs_from(const ExtreeRangeSet *s, uint64_t pos)
  * The first free piece [*fs, *fe) of host space at or after @pos and
  * before @end, the three sets joined.  False if there is none.
  */
-static bool next_free_piece(Extree *t, uint64_t pos, uint64_t end,
+bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
                             uint64_t *fs, uint64_t *fe)
 {
     ExtreeRangeSet *sets[3] = { &t->avail, &t->nfree, &t->pending };
@@ -843,87 +797,20 @@ static bool next_free_piece(Extree *t, uint64_t pos, uint64_t end,
     return true;
 }
 
-/* Make [start, end) of the free tree say what the three sets say */
-static int sync_range(Extree *t, uint64_t start, uint64_t end)
-{
-    ExtreeTree *ft = &t->trees[EXT_TREE_FREE];
-    uint64_t pos = start;
-    int ret = 0;
-
-    while (pos < end && ret == 0) {
-        uint64_t fs = end, fe = end;
-        ExtreeItem it = { 0 };
-
-        next_free_piece(t, pos, end, &fs, &fe);
-        if (fs > pos) {
-            ret = extree_bt_replace(t, ft, &it, pos, fs - pos);
-        }
-        if (ret == 0 && fe > fs) {
-            it.key = it.host = fs;
-            it.length = fe - fs;
-            it.type = EXTREE_ITEM_FREE;
-            ret = extree_bt_replace(t, ft, &it, fs, fe - fs);
-        }
-        pos = fe;
-    }
-    return ret;
-}
-
 /*
- * Commit step 2: bring the free-space tree up to date.  The host ranges
- * logged since the last sync, sorted and merged, are rewritten from the
- * in-memory sets (the rest of the tree is current).  That CoWs free-tree
- * nodes, which allocates and frees more space, which is logged again: loop
- * until nothing is left (each round touches only nodes not yet copied, so
- * a few rounds do).  Address order keeps consecutive changes on the same
- * leaf.  O(ranges logged * log n).
+ * The host ranges whose free state changed since the last call, in the
+ * order logged: the free-tree sync rewrites them (a new log starts)
  */
-int extree_alloc_sync(Extree *t)
+GArray *extree_alloc_steal_log(Extree *t)
 {
-    ExtreeTree *ft = &t->trees[EXT_TREE_FREE];
+    GArray *ops = t->oplog;
 
-    for (int round = 0; round < 32; round++) {
-        GArray *ops = t->oplog;
-        guint n = 0;
-        int ret = 0;
-
-        if (!ops->len) {
-            if (ft->total != extree_alloc_free_bytes(t)) {
-                return extree_corrupt(t, 0, "corrupt free tree: free space "
-                                      "accounting mismatch, have %" PRIu64
-                                      " expect %" PRIu64, ft->total,
-                                      extree_alloc_free_bytes(t));
-            }
-            return 0;
-        }
-        t->oplog = g_array_new(false, false, sizeof(ExtreeAllocOp));
-        g_array_sort(ops, op_cmp);
-        /* merge overlapping and adjacent ranges */
-        for (guint i = 0; i < ops->len; i++) {
-            ExtreeAllocOp *op = &g_array_index(ops, ExtreeAllocOp, i);
-            ExtreeAllocOp *last = n ? &g_array_index(ops, ExtreeAllocOp,
-                                                     n - 1) : NULL;
-            if (last && op->start <= last->start + last->len) {
-                last->len = MAX(last->len, op->start + op->len - last->start);
-            } else {
-                g_array_index(ops, ExtreeAllocOp, n++) = *op;
-            }
-        }
-        for (guint i = 0; i < n && ret == 0; i++) {
-            ExtreeAllocOp *op = &g_array_index(ops, ExtreeAllocOp, i);
-            ret = sync_range(t, op->start, op->start + op->len);
-        }
-        g_array_free(ops, true);
-        if (ret < 0) {
-            return ret;
-        }
-    }
-    return extree_corrupt(t, 0, "corrupt free tree: sync did not converge "
-                          "after 32 rounds");
+    t->oplog = g_array_new(false, false, sizeof(ExtreeAllocOp));
+    return ops;
 }
 
 /* Sort and merge a list of ranges in place */
-static void merge_ranges(GArray *list)
+void extree_ranges_merge(GArray *list)
 {
     guint n = 0;
 
@@ -954,8 +841,8 @@ void extree_alloc_commit_done(Extree *t, GArray *discard)
 {
     /* pending is exactly freed_data + freed_nodes */
     rs_clear(&t->pending);
-    merge_ranges(t->freed_data);
-    merge_ranges(t->freed_nodes);
+    extree_ranges_merge(t->freed_data);
+    extree_ranges_merge(t->freed_nodes);
     for (guint i = 0; i < t->freed_data->len; i++) {
         ExtreeAllocOp *op = &g_array_index(t->freed_data, ExtreeAllocOp, i);
         rs_add(&t->avail, op->start, op->len);
@@ -987,60 +874,33 @@ void extree_alloc_commit_done(Extree *t, GArray *discard)
     g_array_set_size(t->freed_nodes, 0);
 }
 
-/*
- * Open: the free-space tree becomes the avail set.  O(free items); the
- * extent tree is not read.  Node validation already guarantees sorted,
- * non-overlapping ranges inside the data area.
- */
-int extree_alloc_load(Extree *t, uint64_t expect_bytes)
+/* Open: a range of the free-space tree is allocatable */
+void extree_alloc_add_loaded(Extree *t, uint64_t start, uint64_t len)
 {
-    ExtreeTree *ft = &t->trees[EXT_TREE_FREE];
-    ExtreePath p = { { 0 } };
-    ExtreeItem it;
-    uint64_t count = 0, total = 0;
-    int ret;
+    rs_add(&t->avail, start, len);
+}
 
-    for (ret = extree_bt_first(t, ft, 0, &p, &it); ret == 0;
-         ret = extree_bt_next(t, ft, &p, &it)) {
-        rs_add(&t->avail, it.key, it.length);
-        count++;
-        total += it.length;
-    }
-    extree_path_release(t, &p);
-    if (ret < 0) {
+/* Open: the free space is known (all of it added), or not (dropped) */
+void extree_alloc_set_loaded(Extree *t, bool loaded)
+{
+    if (!loaded) {
         rs_clear(&t->avail);
-        return ret;
     }
-    if (total != expect_bytes) {
-        rs_clear(&t->avail);
-        return extree_corrupt(t, (t->generation % 2) * EXTREE_SB_SIZE,
-                              "corrupt superblock at offset 0x%" PRIx64
-                              ": free_bytes mismatch, have %" PRIu64
-                              " expect %" PRIu64 " (free tree)",
-                              (t->generation % 2) * EXTREE_SB_SIZE,
-                              expect_bytes, total);
-    }
-    ft->nitems = count;
-    ft->total = total;
-    t->alloc_loaded = true;
-    return 0;
+    t->alloc_loaded = loaded;
 }
 
 /*
- * Checker, "repair all": replace the free-space tree by one that lists
- * every range of [data_start, host_end) not in @used (sorted, disjoint
- * ExtreeAllocOp ranges: extent-tree nodes and DATA extents).  Nothing the
- * last durable state uses may be overwritten before the next commit, and
- * the old free tree (part of that state) cannot be trusted to say where its
- * own nodes are: so all that space is pending, and the new tree's nodes
- * come from new space at the end of the file.  The caller commits.
+ * Checker, "repair all": every range of [data_start, host_end) not in
+ * @used (sorted, disjoint ExtreeAllocOp ranges: extent-tree nodes and DATA
+ * extents) becomes free.  Nothing the last durable state uses may be
+ * overwritten before the next commit, and the old free tree (part of that
+ * state) cannot be trusted to say where its own nodes are: so all that
+ * space is pending, and the nodes of the new free tree come from new space
+ * at the end of the file (extree_freetree_rebuild()).
  */
-int extree_alloc_rebuild(Extree *t, GArray *used)
+void extree_alloc_reset_free(Extree *t, GArray *used)
 {
-    ExtreeTree *ft = &t->trees[EXT_TREE_FREE];
-    uint64_t pos = t->data_start, bytenr;
-    ExtreeNode *root;
-    int ret;
+    uint64_t pos = t->data_start;
 
     rs_clear(&t->avail);
     rs_clear(&t->nfree);
@@ -1063,25 +923,45 @@ int extree_alloc_rebuild(Extree *t, GArray *used)
             pos = MAX(pos, u->start + u->len);
         }
     }
-    extree_path_release(t, &t->pcache[EXT_TREE_FREE]);
     t->alloc_loaded = true;
-    ret = reserve_refill(t, true);
-    if (ret < 0) {
-        return ret;
+}
+
+/* ---- the space map of this format version: one owner per block ---- */
+
+static int sm_new_node(void *opaque, uint64_t *bytenr)
+{
+    return extree_alloc_meta(opaque, bytenr);
+}
+
+/*
+ * A second owner of a block cannot be recorded: nothing of this format
+ * version shares blocks (snapshots will add the counts)
+ */
+static int sm_inc_ref(void *opaque, uint64_t start, uint64_t len)
+{
+    return -ENOTSUP;
+}
+
+/* The one reference goes: the space is free once the commit is durable */
+static int sm_dec_ref(void *opaque, uint64_t start, uint64_t len, bool node)
+{
+    return free_range(opaque, start, len, node);
+}
+
+static int sm_ref_count(void *opaque, uint64_t start, uint32_t *count)
+{
+    Extree *t = opaque;
+
+    if (start < t->data_start || start >= t->host_end) {
+        return -EINVAL;
     }
-    bytenr = t->resv_start;
-    t->resv_start += t->node_size;
-    log_op(t, bytenr, t->node_size, false);
-    ret = extree_node_new(t, bytenr, EXTREE_TREE_FREE, 0, &root);
-    if (ret < 0) {
-        return ret;
-    }
-    extree_node_unref(t, root);
-    ft->root = bytenr;
-    ft->root_gen = t->trans_gen;
-    ft->level = 0;
-    ft->nitems = 0;
-    ft->total = 0;
-    t->super_dirty = true;
+    *count = !extree_alloc_is_free(t, start, t->block_size);
     return 0;
 }
+
+const ExtreeSpaceMapOps extree_alloc_space_map = {
+    .new_node = sm_new_node,
+    .inc_ref = sm_inc_ref,
+    .dec_ref = sm_dec_ref,
+    .ref_count = sm_ref_count,
+};

@@ -1,5 +1,11 @@
 /*
- * extree core: copy-on-write B+tree of extents (and of free space)
+ * extree core: copy-on-write B+tree of range items
+ *
+ * Items are ranges [key, key + length) with a host offset and a type; the
+ * extent tree and the free-space tree are both such trees.  The tree knows
+ * nothing of what the items mean: it gets and gives back node space
+ * through t->sm (ExtreeSpaceMap), reports every piece of an item a range
+ * replace removes to its caller, and never commits.
  *
  * btrfs vocabulary: a path is nodes[level] + slots[level], every node on it
  * pinned; bt_search descends from the root (CoW-ing each node on the way
@@ -166,7 +172,7 @@ static int cow_node(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
     if (t->read_only) {
         return -EROFS;
     }
-    ret = extree_alloc_meta(t, &bytenr);
+    ret = t->sm.ops->new_node(t->sm.opaque, &bytenr);
     if (ret < 0) {
         return ret;
     }
@@ -183,7 +189,7 @@ static int cow_node(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
         ext_st64(ip + 8, bytenr);
         ext_st64(ip + 16, t->trans_gen);
     }
-    ret = extree_free_node(t, n->bytenr);
+    ret = t->sm.ops->dec_ref(t->sm.opaque, n->bytenr, t->node_size, true);
     extree_node_drop(t, n);
     extree_node_unref(t, n);
     p->nodes[level] = c;
@@ -414,6 +420,25 @@ int extree_bt_next_leaf(Extree *t, ExtreeTree *tree, ExtreePath *p)
     return next_leaf_skip(t, tree, p, NULL, 0);
 }
 
+/*
+ * The next leaf, stepping over the subtrees that continue a run of items
+ * without a hole from *@end up to @limit (next_leaf_skip())
+ */
+int extree_bt_next_leaf_covered(Extree *t, ExtreeTree *tree, ExtreePath *p,
+                                uint64_t *end, uint64_t limit)
+{
+    return next_leaf_skip(t, tree, p, end, limit);
+}
+
+/*
+ * Read-only path to the leaf slot of the first item with key >= @key
+ * (possibly one past the leaf's last item): one descent
+ */
+int extree_bt_seek(Extree *t, ExtreeTree *tree, uint64_t key, ExtreePath *p)
+{
+    return bt_search(t, tree, key, key, p, false, true);
+}
+
 /* First item with key >= @key: 0 and *@it, 1 if none, <0 */
 int extree_bt_first(Extree *t, ExtreeTree *tree, uint64_t key,
                     ExtreePath *p, ExtreeItem *it)
@@ -556,7 +581,7 @@ static int grow_root(Extree *t, ExtreeTree *tree, ExtreePath *p)
     if (level + 1 >= EXTREE_MAX_LEVELS) {
         return -EFBIG;
     }
-    ret = extree_alloc_meta(t, &bytenr);
+    ret = t->sm.ops->new_node(t->sm.opaque, &bytenr);
     if (ret < 0) {
         return ret;
     }
@@ -611,7 +636,7 @@ static int insert_at(Extree *t, ExtreeTree *tree, ExtreePath *p, int level,
         }
     }
     mid = slot == nr ? nr : slot == 0 ? 0 : nr / 2;
-    ret = extree_alloc_meta(t, &bytenr);
+    ret = t->sm.ops->new_node(t->sm.opaque, &bytenr);
     if (ret < 0) {
         return ret;
     }
@@ -651,7 +676,8 @@ static int insert_at(Extree *t, ExtreeTree *tree, ExtreePath *p, int level,
 /* Unlink a node from the tree: its location is freed */
 static int free_node(Extree *t, ExtreeNode *n)
 {
-    int ret = extree_free_node(t, n->bytenr);
+    int ret = t->sm.ops->dec_ref(t->sm.opaque, n->bytenr, t->node_size,
+                                 true);
     extree_node_drop(t, n);
     return ret;
 }
@@ -859,41 +885,21 @@ static int bt_update_item(Extree *t, ExtreeTree *tree, uint64_t key,
     return 0;
 }
 
-/*
- * Host space of @old's part [from, to) is no longer referenced: free it,
- * except what the new item @keep re-uses (re-mapping in place).
- */
-static int release_space(Extree *t, const ExtreeItem *old, uint64_t from,
-                         uint64_t to, const ExtreeItem *keep)
+/* Tell the caller that @old's part [from, to) left the tree */
+static int report_removed(ExtreeRemovedFn *removed, void *opaque,
+                          const ExtreeItem *old, uint64_t from, uint64_t to)
 {
-    uint64_t hs, he, ks, ke;
-    int ret = 0;
+    ExtreeItem piece = *old;
 
-    if (old->type != EXTREE_ITEM_DATA) {
+    if (!removed) {
         return 0;
     }
-    hs = old->host + (from - old->key);
-    he = hs + (to - from);
-    if (keep->type == EXTREE_ITEM_DATA) {
-        ks = keep->host;
-        ke = keep->host + keep->length;
-        if (ks < he && hs < ke) {
-            if (hs < ks) {
-                ret = extree_free_space(t, hs, ks - hs);
-            }
-            if (ret == 0 && ke < he) {
-                ret = extree_free_space(t, ke, he - ke);
-            }
-            return ret;
-        }
+    piece.key = from;
+    piece.length = to - from;
+    if (old->type != EXTREE_ITEM_ZERO) {
+        piece.host = old->host + (from - old->key);
     }
-    return extree_free_space(t, hs, he - hs);
-}
-
-static bool mergeable(const ExtreeItem *a, const ExtreeItem *b)
-{
-    return a->key + a->length == b->key && a->type == b->type &&
-           (a->type == EXTREE_ITEM_ZERO || a->host + a->length == b->host);
+    return removed(opaque, &piece);
 }
 
 /*
@@ -914,8 +920,8 @@ static int insert_merged(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
             return ret;
         }
     }
-    ml = hp && mergeable(&prev, it);
-    mr = hn && mergeable(it, &next);
+    ml = hp && extree_items_mergeable(&prev, it);
+    mr = hn && extree_items_mergeable(it, &next);
     if (ml && mr) {
         ExtreePath p = { { 0 } };
         ret = search_exact(t, tree, next.key, &p);
@@ -950,7 +956,8 @@ static int insert_merged(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
  * reference is freed.  O(log n + items removed); a handful of descents.
  */
 int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
-                      uint64_t start, uint64_t len)
+                      uint64_t start, uint64_t len,
+                      ExtreeRemovedFn *removed, void *opaque)
 {
     uint64_t end = start + len;
     ExtreeItem prev, next, none = { 0 };
@@ -974,7 +981,7 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
 
         changed = true;
         head.length = start - prev.key;
-        ret = release_space(t, &prev, start, MIN(pend, end), it);
+        ret = report_removed(removed, opaque, &prev, start, MIN(pend, end));
         if (ret == 0) {
             ret = bt_update_item(t, tree, prev.key, &head);
         }
@@ -1006,7 +1013,7 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
             if (cut.type != EXTREE_ITEM_ZERO) {
                 cut.host = next.host + (end - next.key);
             }
-            ret = release_space(t, &next, next.key, end, it);
+            ret = report_removed(removed, opaque, &next, next.key, end);
             if (ret == 0) {
                 ret = bt_update_item(t, tree, next.key, &cut);
             }
@@ -1019,7 +1026,7 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
         if (ret == 0) {
             ExtreeNode *leaf = p.nodes[0];
             int s = p.slots[0], nr = node_nritems(leaf), count = 0;
-            uint64_t removed = 0;
+            uint64_t gone = 0;
 
             for (int i = s; i < nr && ret == 0; i++) {
                 ExtreeItem x;
@@ -1027,14 +1034,15 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
                 if (x.key >= end || x.key + x.length > end) {
                     break;
                 }
-                ret = release_space(t, &x, x.key, x.key + x.length, it);
+                ret = report_removed(removed, opaque, &x, x.key,
+                                     x.key + x.length);
                 count++;
-                removed += x.length;
+                gone += x.length;
             }
             if (ret == 0) {
                 ret = delete_at(t, tree, &p, 0, s, count);
                 tree->nitems -= count;
-                tree->total -= removed;
+                tree->total -= gone;
             }
         }
         extree_path_release(t, &p);
@@ -1057,393 +1065,3 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
     }
 }
 
-/* ---- public: updates ---- */
-
-int extree_maybe_commit(Extree *t)
-{
-    if (t->ndirty > t->dirty_limit && !t->in_commit) {
-        t->stats.forced_commits++;
-        return extree_commit(t);
-    }
-    return 0;
-}
-
-static int check_update(Extree *t, uint64_t guest, uint64_t bytes)
-{
-    uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
-    int ret = extree_check_writable(t);
-
-    if (ret < 0) {
-        return ret;
-    }
-    if (!bytes || !EXTREE_IS_ALIGNED(guest | bytes, t->block_size) ||
-        guest >= vend || bytes > vend - guest) {
-        return -EINVAL;
-    }
-    return 0;
-}
-
-/*
- * A failed tree change may have stopped half-way: refuse further updates
- * (reads stay possible; reopen to recover the last commit)
- */
-static int update_done(Extree *t, int ret)
-{
-    if (ret < 0) {
-        t->broken = true;
-        return ret;
-    }
-    return extree_maybe_commit(t);
-}
-
-int extree_map_data(Extree *t, uint64_t guest, uint64_t bytes, uint64_t host)
-{
-    ExtreeItem it = { guest, bytes, host, EXTREE_ITEM_DATA };
-    int ret = check_update(t, guest, bytes);
-
-    if (ret < 0) {
-        return ret;
-    }
-    if (!EXTREE_IS_ALIGNED(host, t->block_size) || host < t->data_start ||
-        host >= t->host_end || bytes > t->host_end - host ||
-        extree_alloc_is_free(t, host, bytes)) {
-        return -EINVAL;
-    }
-    return update_done(t, extree_bt_replace(t, &t->trees[EXT_TREE_EXTENT],
-                                            &it, guest, bytes));
-}
-
-int extree_set_zero(Extree *t, uint64_t guest, uint64_t bytes)
-{
-    ExtreeItem it = { guest, bytes, 0, EXTREE_ITEM_ZERO };
-    int ret = check_update(t, guest, bytes);
-
-    if (ret < 0) {
-        return ret;
-    }
-    return update_done(t, extree_bt_replace(t, &t->trees[EXT_TREE_EXTENT],
-                                            &it, guest, bytes));
-}
-
-int extree_punch(Extree *t, uint64_t guest, uint64_t bytes)
-{
-    ExtreeItem it = { 0 };
-    int ret = check_update(t, guest, bytes);
-
-    if (ret < 0) {
-        return ret;
-    }
-    return update_done(t, extree_bt_replace(t, &t->trees[EXT_TREE_EXTENT],
-                                            &it, guest, bytes));
-}
-
-/* ---- public: cursor ---- */
-
-void extree_cursor_init(ExtreeCursor *c, Extree *t)
-{
-    memset(c, 0, sizeof(*c));
-    c->t = t;
-}
-
-void extree_cursor_release(ExtreeCursor *c)
-{
-    if (c->t) {
-        extree_path_release(c->t, &c->path);
-    }
-    c->valid = false;
-}
-
-/*
- * Move the cursor's leaf slot past the items that end at or before @guest;
- * returns the new slot (== @nr when the leaf has no such item left)
- */
-static inline int cursor_skip_ended(ExtreeCursor *c, const ExtreeNode *n,
-                                    int nr, uint64_t guest)
-{
-    int slot = c->path.slots[0];
-
-    while (slot < nr && leaf_key(n, slot) + leaf_len(n, slot) <= guest) {
-        slot++;
-    }
-    c->path.slots[0] = slot;
-    return slot;
-}
-
-/*
- * Put slots[0] on the first item that ends after @guest (or past the last
- * item of the last leaf).  Forward from the current position when it is
- * still valid and at most two leaves away, else one descent.
- */
-static int cursor_seek(ExtreeCursor *c, uint64_t guest)
-{
-    Extree *t = c->t;
-    ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
-    ExtreeNode *n;
-    int slot, nr, ret;
-
-    if (c->valid && c->seq == t->seq && guest >= c->pos) {
-        for (int hops = 0; ; hops++) {
-            n = c->path.nodes[0];
-            nr = node_nritems(n);
-            slot = cursor_skip_ended(c, n, nr, guest);
-            if (slot < nr) {
-                return 0;
-            }
-            if (hops == 2) {
-                break;
-            }
-            ret = extree_bt_next_leaf(t, tree, &c->path);
-            if (ret == 1) {
-                return 0;
-            } else if (ret < 0) {
-                c->valid = false;
-                return ret;
-            }
-        }
-    }
-    c->valid = false;
-    ret = bt_search(t, tree, guest, guest, &c->path, false, true);
-    if (ret < 0) {
-        return ret;
-    }
-    n = c->path.nodes[0];
-    slot = c->path.slots[0];
-    if (slot > 0 && leaf_key(n, slot - 1) + leaf_len(n, slot - 1) > guest) {
-        c->path.slots[0] = slot - 1;
-    } else if (slot >= (int)node_nritems(n)) {
-        ret = extree_bt_next_leaf(t, tree, &c->path);
-        if (ret < 0) {
-            return ret;
-        }
-    }
-    c->valid = true;
-    c->seq = t->seq;
-    return 0;
-}
-
-static bool run_joins(int coalesce, const ExtreeItem *cur, const ExtreeItem *nx)
-{
-    if (cur->key + cur->length != nx->key) {
-        return false;
-    }
-    if (coalesce == EXTREE_COALESCE_ALLOC) {
-        return true;
-    }
-    return mergeable(cur, nx);
-}
-
-/*
- * The general query: seek (forward or one descent), then coalesce across
- * items and leaves.  @limit is the already clamped end of the query.
- */
-static int __attribute__((noinline))
-cursor_query_slow(ExtreeCursor *c, uint64_t guest, uint64_t limit,
-                  int coalesce, ExtreeRun *run)
-{
-    Extree *t = c->t;
-    ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
-    uint64_t end;
-    ExtreeNode *n;
-    ExtreeItem cur;
-    int slot, nr, ret;
-
-    ret = cursor_seek(c, guest);
-    if (ret < 0) {
-        extree_cursor_release(c);
-        return ret;
-    }
-    n = c->path.nodes[0];
-    nr = node_nritems(n);
-    slot = c->path.slots[0];
-    run->guest = guest;
-    run->host = 0;
-    if (slot >= nr || leaf_key(n, slot) > guest) {
-        run->type = EXTREE_RUN_UNALLOC;
-        end = slot >= nr ? limit : MIN(leaf_key(n, slot), limit);
-    } else {
-        leaf_get(n, slot, &cur);
-        run->type = cur.type == EXTREE_ITEM_DATA ? EXTREE_RUN_DATA
-                                                  : EXTREE_RUN_ZERO;
-        if (cur.type == EXTREE_ITEM_DATA) {
-            run->host = cur.host + (guest - cur.key);
-        }
-        end = cur.key + cur.length;
-        while (end < limit) {
-            ExtreeItem nx;
-
-            if (coalesce == EXTREE_COALESCE_ALLOC &&
-                slot + 1 < nr && leaf_key(n, slot + 1) == end) {
-                /* every adjacent item joins: just follow the keys */
-                do {
-                    slot++;
-                    end += leaf_len(n, slot);
-                } while (end < limit && slot + 1 < nr &&
-                         leaf_key(n, slot + 1) == end);
-                leaf_get(n, slot, &cur);
-                continue;
-            }
-            if (slot + 1 < nr) {
-                slot++;
-            } else {
-                c->path.slots[0] = slot + 1;
-                if (coalesce == EXTREE_COALESCE_ALLOC) {
-                    ret = next_leaf_skip(t, tree, &c->path, &end, limit);
-                    /* what the run joins next must start at end */
-                    cur.key = end;
-                    cur.length = 0;
-                } else {
-                    ret = extree_bt_next_leaf(t, tree, &c->path);
-                }
-                if (ret < 0) {
-                    extree_cursor_release(c);
-                    return ret;
-                }
-                if (ret == 1) {
-                    slot = nr;
-                    break;
-                }
-                n = c->path.nodes[0];
-                nr = node_nritems(n);
-                slot = 0;
-            }
-            leaf_get(n, slot, &nx);
-            if (!run_joins(coalesce, &cur, &nx)) {
-                break;
-            }
-            cur = nx;
-            end = nx.key + nx.length;
-        }
-        end = MIN(end, limit);
-    }
-    c->path.slots[0] = slot;
-    run->length = end - guest;
-    c->pos = end;
-    return 0;
-}
-
-/*
- * The query's fast path: the cursor is still valid and the answer is the
- * item (or the hole before it) at or a few slots after its position on the
- * same leaf, and that answer does not continue into the next item (the
- * next item is not adjacent, or the run reaches @limit).  Everything else
- * (leaf ends, adjacent items that may coalesce, stale cursor) returns
- * -EAGAIN for the general path, which gives the same answer and cursor
- * state.  Reads only the cursor's pinned leaf: no I/O, no allocation.
- */
-static inline int cursor_query_fast(ExtreeCursor *c, uint64_t guest,
-                                    uint64_t limit, ExtreeRun *run)
-{
-    const Extree *t = c->t;
-    const ExtreeNode *n;
-    ExtreeItem it;
-    uint64_t end;
-    int slot, nr;
-
-    if (!c->valid || c->seq != t->seq || guest < c->pos) {
-        return -EAGAIN;
-    }
-    n = c->path.nodes[0];
-    nr = node_nritems(n);
-    slot = cursor_skip_ended(c, n, nr, guest);
-    if (slot >= nr) {
-        return -EAGAIN;
-    }
-    leaf_get(n, slot, &it);
-    if (it.key > guest) {
-        end = MIN(it.key, limit);
-        run->type = EXTREE_RUN_UNALLOC;
-        run->host = 0;
-    } else {
-        end = it.key + it.length;
-        if (end >= limit) {
-            end = limit;
-        } else if (slot + 1 < nr && leaf_key(n, slot + 1) != end) {
-            slot++;
-        } else {
-            return -EAGAIN;
-        }
-        if (it.type == EXTREE_ITEM_DATA) {
-            run->type = EXTREE_RUN_DATA;
-            run->host = it.host + (guest - it.key);
-        } else {
-            run->type = EXTREE_RUN_ZERO;
-            run->host = 0;
-        }
-        c->path.slots[0] = slot;
-    }
-    run->guest = guest;
-    run->length = end - guest;
-    c->pos = end;
-    return 0;
-}
-
-static inline int query_limit(const ExtreeCursor *c, uint64_t guest,
-                              uint64_t max_bytes, uint64_t *limit)
-{
-    uint64_t vsize;
-
-    /* a cursor reset by its owner when its handle went */
-    if (!c->t) {
-        return -EINVAL;
-    }
-    vsize = c->t->virtual_size;
-    if (guest >= vsize || max_bytes == 0) {
-        return -EINVAL;
-    }
-    *limit = max_bytes < vsize - guest ? guest + max_bytes : vsize;
-    return 0;
-}
-
-int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
-                        int coalesce, ExtreeRun *run)
-{
-    uint64_t limit;
-    int ret = query_limit(c, guest, max_bytes, &limit);
-
-    if (ret < 0) {
-        return ret;
-    }
-    ret = cursor_query_fast(c, guest, limit, run);
-    if (__builtin_expect(ret == 0, 1)) {
-        return 0;
-    }
-    return cursor_query_slow(c, guest, limit, coalesce, run);
-}
-
-int extree_cursor_query_cached(ExtreeCursor *c, uint64_t guest,
-                               uint64_t max_bytes, ExtreeRun *run)
-{
-    uint64_t limit;
-    int ret = query_limit(c, guest, max_bytes, &limit);
-
-    if (ret < 0) {
-        return ret;
-    }
-    return cursor_query_fast(c, guest, limit, run);
-}
-
-int extree_lookup(Extree *t, uint64_t guest, uint64_t bytes, ExtreeRun *runs,
-                  int max_runs, int *nruns)
-{
-    ExtreeCursor c;
-    uint64_t end;
-    int ret = 0;
-
-    *nruns = 0;
-    if (guest >= t->virtual_size || !bytes) {
-        return -EINVAL;
-    }
-    end = guest + MIN(bytes, t->virtual_size - guest);
-    extree_cursor_init(&c, t);
-    while (guest < end && *nruns < max_runs) {
-        ret = extree_cursor_query(&c, guest, end - guest,
-                                  EXTREE_COALESCE_HOST, &runs[*nruns]);
-        if (ret < 0) {
-            break;
-        }
-        guest += runs[*nruns].length;
-        (*nruns)++;
-    }
-    extree_cursor_release(&c);
-    return ret;
-}

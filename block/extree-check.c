@@ -288,7 +288,7 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
          */
         GArray *used = used_ranges(c);
 
-        ret = extree_alloc_rebuild(t, used);
+        ret = extree_freetree_rebuild(t, used);
         g_array_free(used, true);
         if (ret == 0) {
             ret = extree_commit(t);

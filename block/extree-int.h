@@ -214,6 +214,36 @@ typedef struct ExtreeNodeExpect {
     uint64_t bytes;
 } ExtreeNodeExpect;
 
+/*
+ * Space map: where the B+tree gets the space of a new node and gives back
+ * the old one, and where the extent layer gives back DATA, in the manner
+ * of device-mapper's dm_space_map passed to its btree.  The B+tree calls
+ * nothing else of the allocator, so it runs over any space map (the unit
+ * tests give it a table in memory).
+ *
+ * References are counted per block: 0 free, 1 one owner, more shared.  No
+ * feature of this format version shares a block, so the allocator's map
+ * (extree-alloc.c) holds exactly one reference to every used block and
+ * refuses a second one; snapshots will store counts behind this interface.
+ * Space whose last reference is dropped is free once the transaction
+ * commits, not before (the last durable state still uses it).
+ */
+typedef struct ExtreeSpaceMapOps {
+    /* A node_size block for a node of this transaction, one reference */
+    int (*new_node)(void *opaque, uint64_t *bytenr);
+    /* One more reference to every block of [start, start + len) */
+    int (*inc_ref)(void *opaque, uint64_t start, uint64_t len);
+    /* One reference fewer; @node: node space (reused first, discarded late) */
+    int (*dec_ref)(void *opaque, uint64_t start, uint64_t len, bool node);
+    /* *@count = references to the block at @start */
+    int (*ref_count)(void *opaque, uint64_t start, uint32_t *count);
+} ExtreeSpaceMapOps;
+
+typedef struct ExtreeSpaceMap {
+    const ExtreeSpaceMapOps *ops;
+    void *opaque;
+} ExtreeSpaceMap;
+
 /* One tree: extent or free */
 typedef struct ExtreeTree {
     uint32_t owner;             /* EXTREE_TREE_* */
@@ -223,6 +253,20 @@ typedef struct ExtreeTree {
     uint64_t nitems;            /* leaf items */
     uint64_t total;             /* sum of item lengths */
 } ExtreeTree;
+
+/*
+ * Adjacent items of one type merge into one when their host ranges are
+ * contiguous too (ZERO items have none)
+ */
+static inline bool extree_items_mergeable(const ExtreeItem *a,
+                                          const ExtreeItem *b)
+{
+    return a->key + a->length == b->key && a->type == b->type &&
+           (a->type == EXTREE_ITEM_ZERO || a->host + a->length == b->host);
+}
+
+/* The piece [item->key, + item->length) of a leaf item left the tree */
+typedef int ExtreeRemovedFn(void *opaque, const ExtreeItem *piece);
 
 enum { EXT_TREE_EXTENT = 0, EXT_TREE_FREE = 1 };
 
@@ -298,7 +342,16 @@ struct Extree {
     uint8_t *slab_next;
     size_t slab_left;           /* buffers left in the newest slab */
     uint8_t *bounce;            /* commit: consecutive nodes, one write */
-    bool in_commit;
+    /*
+     * The B+tree allocates and frees nodes here (the allocator's map, set
+     * at open and create)
+     */
+    ExtreeSpaceMap sm;
+    /*
+     * Updates never commit: the caller asks extree_commit_wanted() at a
+     * point of its own (ExtreeOpenOptions.commit_by_caller)
+     */
+    bool commit_by_caller;
 
     /*
      * Last search path of each tree, pinned: a search that passes through
@@ -386,29 +439,29 @@ int extree_corrupt(Extree *t, uint64_t offset, const char *fmt, ...)
     G_GNUC_PRINTF(3, 4);
 const char *extree_tree_name(uint32_t owner);
 
-/* extree-alloc.c */
-void extree_alloc_init(Extree *t);
-void extree_alloc_destroy(Extree *t);
-int extree_alloc_meta(Extree *t, uint64_t *out);
-int extree_free_space(Extree *t, uint64_t start, uint64_t len);
-int extree_free_node(Extree *t, uint64_t bytenr);
-int extree_alloc_add_free(Extree *t, uint64_t start, uint64_t len);
-bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len);
-uint64_t extree_alloc_free_bytes(const Extree *t);
-bool extree_alloc_trim_tail(Extree *t);
-int extree_alloc_sync(Extree *t);
-int extree_alloc_load(Extree *t, uint64_t expect_bytes);
-void extree_alloc_commit_done(Extree *t, GArray *freed);
-int extree_alloc_rebuild(Extree *t, GArray *used);
+/*
+ * Updates need a handle that may change: read-write, not broken, not
+ * marked corrupt, free space known
+ */
+static inline int extree_check_writable(const Extree *t)
+{
+    if (t->read_only) {
+        return -EROFS;
+    }
+    if (t->broken || (t->incompat & EXTREE_INCOMPAT_CORRUPT) ||
+        !t->alloc_loaded) {
+        return -EIO;
+    }
+    return 0;
+}
 
-/* extree-txn.c */
-int extree_check_writable(Extree *t);
-uint64_t extree_sb_free_bytes(const Extree *t);
-
-/* extree-btree.c */
+/* extree-btree.c: a B+tree of range items over a space map */
 void extree_path_release(Extree *t, ExtreePath *p);
 int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
-                      uint64_t start, uint64_t len);
+                      uint64_t start, uint64_t len,
+                      ExtreeRemovedFn *removed, void *opaque);
+int extree_bt_seek(Extree *t, ExtreeTree *tree, uint64_t key,
+                   ExtreePath *p);
 int extree_bt_first(Extree *t, ExtreeTree *tree, uint64_t key,
                     ExtreePath *p, ExtreeItem *it);
 int extree_bt_next(Extree *t, ExtreeTree *tree, ExtreePath *p,
@@ -417,7 +470,42 @@ int extree_bt_find(Extree *t, ExtreeTree *tree, uint64_t key,
                    ExtreeItem *prev, bool *has_prev,
                    ExtreeItem *next, bool *has_next);
 int extree_bt_next_leaf(Extree *t, ExtreeTree *tree, ExtreePath *p);
+int extree_bt_next_leaf_covered(Extree *t, ExtreeTree *tree, ExtreePath *p,
+                                uint64_t *end, uint64_t limit);
 void extree_tree_expect(Extree *t, ExtreeTree *tree, ExtreeNodeExpect *e);
-int extree_maybe_commit(Extree *t);
+
+/* extree-alloc.c: free space in memory, placement, the space map */
+extern const ExtreeSpaceMapOps extree_alloc_space_map;
+void extree_alloc_init(Extree *t);
+void extree_alloc_destroy(Extree *t);
+int extree_alloc_meta(Extree *t, uint64_t *out);
+int extree_alloc_add_free(Extree *t, uint64_t start, uint64_t len);
+bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len);
+uint64_t extree_alloc_free_bytes(const Extree *t);
+bool extree_alloc_trim_tail(Extree *t);
+void extree_alloc_commit_done(Extree *t, GArray *freed);
+uint64_t extree_alloc_take_at(Extree *t, uint64_t hint, uint64_t bytes);
+bool extree_alloc_take_before(Extree *t, uint64_t end, uint64_t bytes);
+int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
+                          uint64_t *got);
+void extree_alloc_add_loaded(Extree *t, uint64_t start, uint64_t len);
+void extree_alloc_set_loaded(Extree *t, bool loaded);
+GArray *extree_alloc_steal_log(Extree *t);
+bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
+                            uint64_t *fs, uint64_t *fe);
+void extree_alloc_reset_free(Extree *t, GArray *used);
+void extree_ranges_merge(GArray *list);
+
+/* extree-freetree.c: the free-space tree on disk */
+int extree_freetree_load(Extree *t, uint64_t expect_bytes);
+int extree_freetree_sync(Extree *t);
+int extree_freetree_rebuild(Extree *t, GArray *used);
+
+/* extree-extent.c: guest ranges to host extents */
+int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
+                         uint64_t bytes);
+
+/* extree-txn.c */
+uint64_t extree_sb_free_bytes(const Extree *t);
 
 #endif /* BLOCK_EXTREE_INT_H */

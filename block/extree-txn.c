@@ -613,8 +613,10 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     /* an unknown autoclear bit is cleared by the next commit */
     t->super_dirty = (sb[best].autoclear & ~EXTREE_AUTOCLEAR_MASK) &&
                      !t->read_only;
+    t->commit_by_caller = o->commit_by_caller;
     extree_cache_init(t);
     extree_alloc_init(t);
+    t->sm = (ExtreeSpaceMap){ &extree_alloc_space_map, t };
 
     /*
      * The extent root only: a bad root fails open, not the first read.
@@ -652,7 +654,7 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
         }
     }
     if (ret == 0 && !t->read_only) {
-        ret = extree_alloc_load(t, sb[best].free_bytes);
+        ret = extree_freetree_load(t, sb[best].free_bytes);
         if (ret < 0 && t->repair) {
             ret = 0;
         }
@@ -746,7 +748,6 @@ int extree_commit(Extree *t)
     if (t->broken || !t->alloc_loaded) {
         return -EIO;
     }
-    t->in_commit = true;
 
     /*
      * 2. Free space at the end of the file that state G does not use
@@ -758,7 +759,7 @@ int extree_commit(Extree *t)
     if (extree_alloc_trim_tail(t)) {
         t->trimmed = true;
     }
-    ret = extree_alloc_sync(t);
+    ret = extree_freetree_sync(t);
     if (ret < 0) {
         t->broken = true;
         goto fail;
@@ -819,7 +820,6 @@ int extree_commit(Extree *t)
      */
     give_back_space(t, freed);
     g_array_free(freed, true);
-    t->in_commit = false;
     return 0;
 
 flush_failed:
@@ -831,7 +831,6 @@ flush_failed:
      */
     t->broken = true;
 fail:
-    t->in_commit = false;
     return ret;
 }
 
@@ -855,18 +854,6 @@ const char *extree_open_warning(const Extree *t)
 uint64_t extree_sb_free_bytes(const Extree *t)
 {
     return t->csb->free_bytes;
-}
-
-int extree_check_writable(Extree *t)
-{
-    if (t->read_only) {
-        return -EROFS;
-    }
-    if (t->broken || (t->incompat & EXTREE_INCOMPAT_CORRUPT) ||
-        !t->alloc_loaded) {
-        return -EIO;
-    }
-    return 0;
 }
 
 int extree_mark_corrupt(Extree *t)
@@ -1042,6 +1029,8 @@ int extree_set_backing(Extree *t, const char *file, const char *fmt)
     return 0;
 }
 
+static int update_done(Extree *t, int ret);
+
 /* Shrinking punches the cut-off range first: O(extents removed) */
 int extree_set_virtual_size(Extree *t, uint64_t size)
 {
@@ -1058,16 +1047,55 @@ int extree_set_virtual_size(Extree *t, uint64_t size)
     }
     if (new_end < old_end) {
         ExtreeItem none = { 0 };
-        ret = extree_bt_replace(t, &t->trees[EXT_TREE_EXTENT], &none,
-                                new_end, old_end - new_end);
+        ret = extree_extent_update(t, &none, new_end, old_end - new_end);
         if (ret < 0) {
-            t->broken = true;
             return ret;
         }
     }
     t->virtual_size = size;
     t->super_dirty = true;
-    return extree_maybe_commit(t);
+    return update_done(t, 0);
+}
+
+/* ---- updates: commit when the dirty metadata asks for it ---- */
+
+bool extree_commit_wanted(const Extree *t)
+{
+    return t->ndirty > t->dirty_limit;
+}
+
+/*
+ * After an update, which is a safe point for the core: commit if the
+ * dirty metadata asks for it, unless the caller does that itself
+ */
+static int update_done(Extree *t, int ret)
+{
+    if (ret < 0 || t->commit_by_caller || !extree_commit_wanted(t)) {
+        return ret;
+    }
+    t->stats.forced_commits++;
+    return extree_commit(t);
+}
+
+int extree_map_data(Extree *t, uint64_t guest, uint64_t bytes, uint64_t host)
+{
+    ExtreeItem it = { guest, bytes, host, EXTREE_ITEM_DATA };
+
+    return update_done(t, extree_extent_update(t, &it, guest, bytes));
+}
+
+int extree_set_zero(Extree *t, uint64_t guest, uint64_t bytes)
+{
+    ExtreeItem it = { guest, bytes, 0, EXTREE_ITEM_ZERO };
+
+    return update_done(t, extree_extent_update(t, &it, guest, bytes));
+}
+
+int extree_punch(Extree *t, uint64_t guest, uint64_t bytes)
+{
+    ExtreeItem it = { 0 };
+
+    return update_done(t, extree_extent_update(t, &it, guest, bytes));
 }
 
 void extree_stats(const Extree *t, ExtreeStats *st)

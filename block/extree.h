@@ -5,12 +5,15 @@
  * (include/block/extree-format.h).  This header is all the QEMU driver and
  * the tools see; the layers below talk through block/extree-int.h.
  *
- *   backend (pread/pwrite/flush, supplied by the caller)
- *     -> node   cache, read + validate once, write at commit  (extree-node.c)
- *     -> txn    superblocks, create/open/commit                (extree-txn.c)
- *     -> alloc  free space, pending frees, free-tree sync      (extree-alloc.c)
- *     -> btree  path, search, insert/split, delete/merge       (extree-btree.c)
- *     -> check  the checker behind qemu-img check              (extree-check.c)
+ * Layers, each calling only the ones below it (docs/devel/extree.rst):
+ *   check     the checker behind qemu-img check          (extree-check.c)
+ *   txn       superblocks, create/open/commit            (extree-txn.c)
+ *   extent    guest ranges, placement, cursor            (extree-extent.c)
+ *   freetree  the free-space tree: load, sync, rebuild   (extree-freetree.c)
+ *   btree     B+tree of range items over a space map     (extree-btree.c)
+ *   alloc     free space in memory, the space map        (extree-alloc.c)
+ *   node      cache, read + validate once, write         (extree-node.c)
+ *   backend   pread/pwrite/flush, supplied by the caller
  *
  * Locking: the core is not thread-safe: the caller serializes all calls
  * (QEMU: s->lock, a CoMutex); backend calls may yield.  Nodes are pinned
@@ -73,10 +76,17 @@ typedef struct ExtreeOpenOptions {
     bool read_only;
     uint64_t cache_size;        /* bytes of node cache, 0 = 32 MiB */
     /*
-     * dirty metadata bytes before a forced commit, 0 = 16 MiB; a huge
-     * value (UINT64_MAX / 2) disables forced commits
+     * dirty metadata bytes before a commit is wanted, 0 = 16 MiB: an
+     * update that leaves more commits (a forced commit) unless
+     * @commit_by_caller
      */
     uint64_t dirty_limit;
+    /*
+     * Updates never commit: the caller asks extree_commit_wanted() at a
+     * safe point of its own and commits then (the QEMU driver, whose
+     * commit waits for in-flight requests)
+     */
+    bool commit_by_caller;
     /*
      * For the checker (qemu-img check -r): open read-write even if the
      * image is marked corrupt or its free-space tree is damaged.  Updates
@@ -166,6 +176,8 @@ void extree_close(Extree *t);
  */
 int extree_commit(Extree *t);
 bool extree_is_dirty(const Extree *t);
+/* More dirty metadata than ExtreeOpenOptions.dirty_limit: commit soon */
+bool extree_commit_wanted(const Extree *t);
 
 /*
  * @fn is called once per detected corruption with the host offset of the
@@ -314,8 +326,9 @@ int extree_lookup(Extree *t, uint64_t guest, uint64_t bytes, ExtreeRun *runs,
 
 /*
  * ---- Updates ----
- * Guest offsets and lengths must be block-aligned (-EINVAL).  Each call may
- * end with a forced commit when dirty metadata exceeds dirty_limit.
+ * Guest offsets and lengths must be block-aligned (-EINVAL).  Mapping,
+ * zeroing, punching and shrinking may end with a forced commit when dirty
+ * metadata exceeds dirty_limit (not with commit_by_caller).
  * Space freed here becomes reusable only after the next commit is durable.
  */
 

@@ -1,0 +1,481 @@
+/*
+ * extree core: guest ranges to host extents
+ *
+ * The extent semantics over the B+tree of range items: DATA maps guest
+ * to host, ZERO reads as zeroes, no item is a hole.  Mapping, zeroing and
+ * punching replace a guest range and give the DATA space that left the
+ * tree back to the space map; placement puts new data next to its guest
+ * neighbour's extent; the cursor answers block status in one forward pass
+ * over the leaves.  Nothing here commits: extree-txn.c decides that.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "extree-int.h"
+
+/* ---- updates ---- */
+
+static int check_update(Extree *t, uint64_t guest, uint64_t bytes)
+{
+    uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
+    int ret = extree_check_writable(t);
+
+    if (ret < 0) {
+        return ret;
+    }
+    if (!bytes || !EXTREE_IS_ALIGNED(guest | bytes, t->block_size) ||
+        guest >= vend || bytes > vend - guest) {
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* What a range replace of the extent tree puts in place */
+typedef struct ReleaseCtx {
+    Extree *t;
+    const ExtreeItem *keep;
+} ReleaseCtx;
+
+static int drop_data(Extree *t, uint64_t start, uint64_t len)
+{
+    return t->sm.ops->dec_ref(t->sm.opaque, start, len, false);
+}
+
+/*
+ * A piece of an extent left the tree: its DATA space loses its reference,
+ * except what the new item re-uses (re-mapping in place)
+ */
+static int release_space(void *opaque, const ExtreeItem *old)
+{
+    ReleaseCtx *rc = opaque;
+    const ExtreeItem *keep = rc->keep;
+    uint64_t hs, he, ks, ke;
+    int ret = 0;
+
+    if (old->type != EXTREE_ITEM_DATA) {
+        return 0;
+    }
+    hs = old->host;
+    he = hs + old->length;
+    if (keep->type == EXTREE_ITEM_DATA) {
+        ks = keep->host;
+        ke = keep->host + keep->length;
+        if (ks < he && hs < ke) {
+            if (hs < ks) {
+                ret = drop_data(rc->t, hs, ks - hs);
+            }
+            if (ret == 0 && ke < he) {
+                ret = drop_data(rc->t, ke, he - ke);
+            }
+            return ret;
+        }
+    }
+    return drop_data(rc->t, hs, he - hs);
+}
+
+/*
+ * Make guest [guest, guest + bytes) hold @it (DATA or ZERO), or nothing
+ * if it->type is 0.  A failed tree change may have stopped half-way: the
+ * handle then refuses further updates (reads stay possible; reopen to
+ * recover the last commit).
+ */
+int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
+                         uint64_t bytes)
+{
+    ReleaseCtx rc = { t, it };
+    int ret = check_update(t, guest, bytes);
+
+    if (ret < 0) {
+        return ret;
+    }
+    if (it->type == EXTREE_ITEM_DATA &&
+        (!EXTREE_IS_ALIGNED(it->host, t->block_size) ||
+         it->host < t->data_start || it->host >= t->host_end ||
+         bytes > t->host_end - it->host ||
+         extree_alloc_is_free(t, it->host, bytes))) {
+        return -EINVAL;
+    }
+    ret = extree_bt_replace(t, &t->trees[EXT_TREE_EXTENT], it, guest, bytes,
+                            release_space, &rc);
+    if (ret < 0) {
+        t->broken = true;
+    }
+    return ret;
+}
+
+/* ---- placement ---- */
+
+/*
+ * Host space for guest [guest, guest + bytes): after the guest neighbour's
+ * extent, else before the following one, else wherever the allocator
+ * places it (extree_alloc_take_any()).  O(log n).
+ */
+int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
+                      uint64_t *host, uint64_t *got)
+{
+    ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
+    uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
+    ExtreeItem prev, next;
+    bool hp, hn;
+    int ret;
+
+    ret = extree_check_writable(t);
+    if (ret < 0) {
+        return ret;
+    }
+    if (!bytes || !EXTREE_IS_ALIGNED(guest | bytes, t->block_size) ||
+        guest >= vend || bytes > vend - guest) {
+        return -EINVAL;
+    }
+    ret = extree_bt_find(t, tree, guest, &prev, &hp, &next, &hn);
+    if (ret < 0) {
+        return ret;
+    }
+    if (hp && prev.type == EXTREE_ITEM_DATA &&
+        prev.key + prev.length == guest) {
+        *got = extree_alloc_take_at(t, prev.host + prev.length, bytes);
+        if (*got) {
+            *host = prev.host + prev.length;
+            return 0;
+        }
+    }
+    if (hn && next.type == EXTREE_ITEM_DATA && next.key == guest + bytes &&
+        next.host >= t->data_start + bytes &&
+        extree_alloc_take_before(t, next.host, bytes)) {
+        *host = next.host - bytes;
+        *got = bytes;
+        return 0;
+    }
+    return extree_alloc_take_any(t, bytes, host, got);
+}
+
+/* Return an allocation that was never mapped */
+int extree_free_data(Extree *t, uint64_t host, uint64_t bytes)
+{
+    int ret = extree_check_writable(t);
+
+    if (ret < 0) {
+        return ret;
+    }
+    if (!bytes || !EXTREE_IS_ALIGNED(host | bytes, t->block_size) ||
+        host < t->data_start || host >= t->host_end ||
+        bytes > t->host_end - host || extree_alloc_is_free(t, host, bytes)) {
+        return -EINVAL;
+    }
+    return drop_data(t, host, bytes);
+}
+
+
+/* ---- the cursor ---- */
+
+void extree_cursor_init(ExtreeCursor *c, Extree *t)
+{
+    memset(c, 0, sizeof(*c));
+    c->t = t;
+}
+
+void extree_cursor_release(ExtreeCursor *c)
+{
+    if (c->t) {
+        extree_path_release(c->t, &c->path);
+    }
+    c->valid = false;
+}
+
+/*
+ * Move the cursor's leaf slot past the items that end at or before @guest;
+ * returns the new slot (== @nr when the leaf has no such item left)
+ */
+static inline int cursor_skip_ended(ExtreeCursor *c, const ExtreeNode *n,
+                                    int nr, uint64_t guest)
+{
+    int slot = c->path.slots[0];
+
+    while (slot < nr && leaf_key(n, slot) + leaf_len(n, slot) <= guest) {
+        slot++;
+    }
+    c->path.slots[0] = slot;
+    return slot;
+}
+
+/*
+ * Put slots[0] on the first item that ends after @guest (or past the last
+ * item of the last leaf).  Forward from the current position when it is
+ * still valid and at most two leaves away, else one descent.
+ */
+static int cursor_seek(ExtreeCursor *c, uint64_t guest)
+{
+    Extree *t = c->t;
+    ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
+    ExtreeNode *n;
+    int slot, nr, ret;
+
+    if (c->valid && c->seq == t->seq && guest >= c->pos) {
+        for (int hops = 0; ; hops++) {
+            n = c->path.nodes[0];
+            nr = node_nritems(n);
+            slot = cursor_skip_ended(c, n, nr, guest);
+            if (slot < nr) {
+                return 0;
+            }
+            if (hops == 2) {
+                break;
+            }
+            ret = extree_bt_next_leaf(t, tree, &c->path);
+            if (ret == 1) {
+                return 0;
+            } else if (ret < 0) {
+                c->valid = false;
+                return ret;
+            }
+        }
+    }
+    c->valid = false;
+    ret = extree_bt_seek(t, tree, guest, &c->path);
+    if (ret < 0) {
+        return ret;
+    }
+    n = c->path.nodes[0];
+    slot = c->path.slots[0];
+    if (slot > 0 && leaf_key(n, slot - 1) + leaf_len(n, slot - 1) > guest) {
+        c->path.slots[0] = slot - 1;
+    } else if (slot >= (int)node_nritems(n)) {
+        ret = extree_bt_next_leaf(t, tree, &c->path);
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    c->valid = true;
+    c->seq = t->seq;
+    return 0;
+}
+
+static bool run_joins(int coalesce, const ExtreeItem *cur, const ExtreeItem *nx)
+{
+    if (cur->key + cur->length != nx->key) {
+        return false;
+    }
+    if (coalesce == EXTREE_COALESCE_ALLOC) {
+        return true;
+    }
+    return extree_items_mergeable(cur, nx);
+}
+
+/*
+ * The general query: seek (forward or one descent), then coalesce across
+ * items and leaves.  @limit is the already clamped end of the query.
+ */
+static int __attribute__((noinline))
+cursor_query_slow(ExtreeCursor *c, uint64_t guest, uint64_t limit,
+                  int coalesce, ExtreeRun *run)
+{
+    Extree *t = c->t;
+    ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
+    uint64_t end;
+    ExtreeNode *n;
+    ExtreeItem cur;
+    int slot, nr, ret;
+
+    ret = cursor_seek(c, guest);
+    if (ret < 0) {
+        extree_cursor_release(c);
+        return ret;
+    }
+    n = c->path.nodes[0];
+    nr = node_nritems(n);
+    slot = c->path.slots[0];
+    run->guest = guest;
+    run->host = 0;
+    if (slot >= nr || leaf_key(n, slot) > guest) {
+        run->type = EXTREE_RUN_UNALLOC;
+        end = slot >= nr ? limit : MIN(leaf_key(n, slot), limit);
+    } else {
+        leaf_get(n, slot, &cur);
+        run->type = cur.type == EXTREE_ITEM_DATA ? EXTREE_RUN_DATA
+                                                  : EXTREE_RUN_ZERO;
+        if (cur.type == EXTREE_ITEM_DATA) {
+            run->host = cur.host + (guest - cur.key);
+        }
+        end = cur.key + cur.length;
+        while (end < limit) {
+            ExtreeItem nx;
+
+            if (coalesce == EXTREE_COALESCE_ALLOC &&
+                slot + 1 < nr && leaf_key(n, slot + 1) == end) {
+                /* every adjacent item joins: just follow the keys */
+                do {
+                    slot++;
+                    end += leaf_len(n, slot);
+                } while (end < limit && slot + 1 < nr &&
+                         leaf_key(n, slot + 1) == end);
+                leaf_get(n, slot, &cur);
+                continue;
+            }
+            if (slot + 1 < nr) {
+                slot++;
+            } else {
+                c->path.slots[0] = slot + 1;
+                if (coalesce == EXTREE_COALESCE_ALLOC) {
+                    ret = extree_bt_next_leaf_covered(t, tree, &c->path, &end,
+                                                      limit);
+                    /* what the run joins next must start at end */
+                    cur.key = end;
+                    cur.length = 0;
+                } else {
+                    ret = extree_bt_next_leaf(t, tree, &c->path);
+                }
+                if (ret < 0) {
+                    extree_cursor_release(c);
+                    return ret;
+                }
+                if (ret == 1) {
+                    slot = nr;
+                    break;
+                }
+                n = c->path.nodes[0];
+                nr = node_nritems(n);
+                slot = 0;
+            }
+            leaf_get(n, slot, &nx);
+            if (!run_joins(coalesce, &cur, &nx)) {
+                break;
+            }
+            cur = nx;
+            end = nx.key + nx.length;
+        }
+        end = MIN(end, limit);
+    }
+    c->path.slots[0] = slot;
+    run->length = end - guest;
+    c->pos = end;
+    return 0;
+}
+
+/*
+ * The query's fast path: the cursor is still valid and the answer is the
+ * item (or the hole before it) at or a few slots after its position on the
+ * same leaf, and that answer does not continue into the next item (the
+ * next item is not adjacent, or the run reaches @limit).  Everything else
+ * (leaf ends, adjacent items that may coalesce, stale cursor) returns
+ * -EAGAIN for the general path, which gives the same answer and cursor
+ * state.  Reads only the cursor's pinned leaf: no I/O, no allocation.
+ */
+static inline int cursor_query_fast(ExtreeCursor *c, uint64_t guest,
+                                    uint64_t limit, ExtreeRun *run)
+{
+    const Extree *t = c->t;
+    const ExtreeNode *n;
+    ExtreeItem it;
+    uint64_t end;
+    int slot, nr;
+
+    if (!c->valid || c->seq != t->seq || guest < c->pos) {
+        return -EAGAIN;
+    }
+    n = c->path.nodes[0];
+    nr = node_nritems(n);
+    slot = cursor_skip_ended(c, n, nr, guest);
+    if (slot >= nr) {
+        return -EAGAIN;
+    }
+    leaf_get(n, slot, &it);
+    if (it.key > guest) {
+        end = MIN(it.key, limit);
+        run->type = EXTREE_RUN_UNALLOC;
+        run->host = 0;
+    } else {
+        end = it.key + it.length;
+        if (end >= limit) {
+            end = limit;
+        } else if (slot + 1 < nr && leaf_key(n, slot + 1) != end) {
+            slot++;
+        } else {
+            return -EAGAIN;
+        }
+        if (it.type == EXTREE_ITEM_DATA) {
+            run->type = EXTREE_RUN_DATA;
+            run->host = it.host + (guest - it.key);
+        } else {
+            run->type = EXTREE_RUN_ZERO;
+            run->host = 0;
+        }
+        c->path.slots[0] = slot;
+    }
+    run->guest = guest;
+    run->length = end - guest;
+    c->pos = end;
+    return 0;
+}
+
+static inline int query_limit(const ExtreeCursor *c, uint64_t guest,
+                              uint64_t max_bytes, uint64_t *limit)
+{
+    uint64_t vsize;
+
+    /* a cursor reset by its owner when its handle went */
+    if (!c->t) {
+        return -EINVAL;
+    }
+    vsize = c->t->virtual_size;
+    if (guest >= vsize || max_bytes == 0) {
+        return -EINVAL;
+    }
+    *limit = max_bytes < vsize - guest ? guest + max_bytes : vsize;
+    return 0;
+}
+
+int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
+                        int coalesce, ExtreeRun *run)
+{
+    uint64_t limit;
+    int ret = query_limit(c, guest, max_bytes, &limit);
+
+    if (ret < 0) {
+        return ret;
+    }
+    ret = cursor_query_fast(c, guest, limit, run);
+    if (__builtin_expect(ret == 0, 1)) {
+        return 0;
+    }
+    return cursor_query_slow(c, guest, limit, coalesce, run);
+}
+
+int extree_cursor_query_cached(ExtreeCursor *c, uint64_t guest,
+                               uint64_t max_bytes, ExtreeRun *run)
+{
+    uint64_t limit;
+    int ret = query_limit(c, guest, max_bytes, &limit);
+
+    if (ret < 0) {
+        return ret;
+    }
+    return cursor_query_fast(c, guest, limit, run);
+}
+
+int extree_lookup(Extree *t, uint64_t guest, uint64_t bytes, ExtreeRun *runs,
+                  int max_runs, int *nruns)
+{
+    ExtreeCursor c;
+    uint64_t end;
+    int ret = 0;
+
+    *nruns = 0;
+    if (guest >= t->virtual_size || !bytes) {
+        return -EINVAL;
+    }
+    end = guest + MIN(bytes, t->virtual_size - guest);
+    extree_cursor_init(&c, t);
+    while (guest < end && *nruns < max_runs) {
+        ret = extree_cursor_query(&c, guest, end - guest,
+                                  EXTREE_COALESCE_HOST, &runs[*nruns]);
+        if (ret < 0) {
+            break;
+        }
+        guest += runs[*nruns].length;
+        (*nruns)++;
+    }
+    extree_cursor_release(&c);
+    return ret;
+}

@@ -1,0 +1,156 @@
+/*
+ * extree core: the free-space tree on disk
+ *
+ * The allocator (extree-alloc.c) keeps free space in memory; this file
+ * keeps the free-space tree, its durable copy, in step with it: loaded
+ * into the allocator at open, rewritten from the allocator's log of
+ * changed ranges at commit, rebuilt from the extent tree by the checker.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "extree-int.h"
+
+/*
+ * Open: the free-space tree becomes the avail set.  O(free items); the
+ * extent tree is not read.  Node validation already guarantees sorted,
+ * non-overlapping ranges inside the data area.
+ */
+int extree_freetree_load(Extree *t, uint64_t expect_bytes)
+{
+    ExtreeTree *ft = &t->trees[EXT_TREE_FREE];
+    ExtreePath p = { { 0 } };
+    ExtreeItem it;
+    uint64_t count = 0, total = 0;
+    int ret;
+
+    for (ret = extree_bt_first(t, ft, 0, &p, &it); ret == 0;
+         ret = extree_bt_next(t, ft, &p, &it)) {
+        extree_alloc_add_loaded(t, it.key, it.length);
+        count++;
+        total += it.length;
+    }
+    extree_path_release(t, &p);
+    if (ret < 0) {
+        extree_alloc_set_loaded(t, false);
+        return ret;
+    }
+    if (total != expect_bytes) {
+        extree_alloc_set_loaded(t, false);
+        return extree_corrupt(t, (t->generation % 2) * EXTREE_SB_SIZE,
+                              "corrupt superblock at offset 0x%" PRIx64
+                              ": free_bytes mismatch, have %" PRIu64
+                              " expect %" PRIu64 " (free tree)",
+                              (t->generation % 2) * EXTREE_SB_SIZE,
+                              expect_bytes, total);
+    }
+    ft->nitems = count;
+    ft->total = total;
+    extree_alloc_set_loaded(t, true);
+    return 0;
+}
+
+/* Make [start, end) of the free tree say what the three sets say */
+static int sync_range(Extree *t, uint64_t start, uint64_t end)
+{
+    ExtreeTree *ft = &t->trees[EXT_TREE_FREE];
+    uint64_t pos = start;
+    int ret = 0;
+
+    while (pos < end && ret == 0) {
+        uint64_t fs = end, fe = end;
+        ExtreeItem it = { 0 };
+
+        extree_alloc_next_free(t, pos, end, &fs, &fe);
+        if (fs > pos) {
+            ret = extree_bt_replace(t, ft, &it, pos, fs - pos, NULL, NULL);
+        }
+        if (ret == 0 && fe > fs) {
+            it.key = it.host = fs;
+            it.length = fe - fs;
+            it.type = EXTREE_ITEM_FREE;
+            ret = extree_bt_replace(t, ft, &it, fs, fe - fs, NULL, NULL);
+        }
+        pos = fe;
+    }
+    return ret;
+}
+
+/*
+ * Commit step 2: bring the free-space tree up to date.  The host ranges
+ * logged since the last sync, sorted and merged, are rewritten from the
+ * in-memory sets (the rest of the tree is current).  That CoWs free-tree
+ * nodes, which allocates and frees more space, which is logged again: loop
+ * until nothing is left (each round touches only nodes not yet copied, so
+ * a few rounds do).  Address order keeps consecutive changes on the same
+ * leaf.  O(ranges logged * log n).
+ */
+int extree_freetree_sync(Extree *t)
+{
+    ExtreeTree *ft = &t->trees[EXT_TREE_FREE];
+
+    for (int round = 0; round < 32; round++) {
+        GArray *ops = extree_alloc_steal_log(t);
+        int ret = 0;
+
+        if (!ops->len) {
+            g_array_free(ops, true);
+            if (ft->total != extree_alloc_free_bytes(t)) {
+                return extree_corrupt(t, 0, "corrupt free tree: free space "
+                                      "accounting mismatch, have %" PRIu64
+                                      " expect %" PRIu64, ft->total,
+                                      extree_alloc_free_bytes(t));
+            }
+            return 0;
+        }
+        /* in address order, overlapping and adjacent ranges merged */
+        extree_ranges_merge(ops);
+        for (guint i = 0; i < ops->len && ret == 0; i++) {
+            ExtreeAllocOp *op = &g_array_index(ops, ExtreeAllocOp, i);
+            ret = sync_range(t, op->start, op->start + op->len);
+        }
+        g_array_free(ops, true);
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    return extree_corrupt(t, 0, "corrupt free tree: sync did not converge "
+                          "after 32 rounds");
+}
+
+/*
+ * Checker, "repair all": replace the free-space tree by one that lists
+ * every range of [data_start, host_end) not in @used (sorted, disjoint
+ * ExtreeAllocOp ranges: extent-tree nodes and DATA extents).  All of that
+ * is pending (extree_alloc_reset_free()); the new tree starts as an empty
+ * root leaf in new space at the end of the file, and the commit the caller
+ * runs next fills it.
+ */
+int extree_freetree_rebuild(Extree *t, GArray *used)
+{
+    ExtreeTree *ft = &t->trees[EXT_TREE_FREE];
+    ExtreeNode *root;
+    uint64_t bytenr;
+    int ret;
+
+    extree_alloc_reset_free(t, used);
+    extree_path_release(t, &t->pcache[EXT_TREE_FREE]);
+    ret = t->sm.ops->new_node(t->sm.opaque, &bytenr);
+    if (ret < 0) {
+        return ret;
+    }
+    ret = extree_node_new(t, bytenr, EXTREE_TREE_FREE, 0, &root);
+    if (ret < 0) {
+        return ret;
+    }
+    extree_node_unref(t, root);
+    ft->root = bytenr;
+    ft->root_gen = t->trans_gen;
+    ft->level = 0;
+    ft->nitems = 0;
+    ft->total = 0;
+    t->super_dirty = true;
+    return 0;
+}
