@@ -3,14 +3,11 @@
  *
  * The image format (a copy-on-write B+tree of extents, docs/interop/extree.rst)
  * lives in the QEMU-independent core behind block/extree.h.  This file is
- * only the BlockDriver: it supplies the core's backend over bs->file,
- * serializes the core behind one CoMutex, does the guest data I/O outside
- * that lock, and turns the core's errors into QEMU's.
- *
- *   guest request
- *     -> lock: look up (or allocate) the host ranges with a cursor
- *     -> unlock: data I/O on bs->file, bs->backing or zeroes
- *     -> lock: map newly allocated ranges
+ * the BlockDriver table and the driver's life cycle: probe, open, close,
+ * reopen, inactivate and invalidate, the commit timer, create, measure,
+ * amend, info and the check glue; it turns the core's errors into QEMU's.
+ * Guest I/O and commits are in extree-io.c, the core's backend over
+ * bs->file and grow-ahead in extree-file.c (block/extree-qemu.h).
  *
  * Copyright (c) 2026 The extree authors
  *
@@ -18,17 +15,14 @@
  */
 
 #include "qemu/osdep.h"
-#include "block/aio_task.h"
 #include "block/block_int.h"
 #include "block/qdict.h"
 #include "qapi/error.h"
-#include "qapi/qapi-events-block-core.h"
 #include "qapi/qapi-visit-block-core.h"
 #include "qapi/qobject-input-visitor.h"
 #include "qemu/coroutine.h"
 #include "qemu/cutils.h"
 #include "qemu/error-report.h"
-#include "qemu/memalign.h"
 #include "qemu/module.h"
 #include "qemu/option.h"
 #include "qemu/timer.h"
@@ -37,7 +31,7 @@
 #include "system/block-backend.h"
 #include "trace/trace-block_extree.h"
 
-#include "extree.h"
+#include "extree-qemu.h"
 
 #define EXTREE_OPT_CACHE_SIZE       "cache-size"
 #define EXTREE_OPT_COMMIT_INTERVAL  "commit-interval"
@@ -51,141 +45,10 @@
  * The core's own forced commit (ExtreeOpenOptions.dirty_limit) could run in
  * the middle of an update while another request has allocated host space
  * it has not mapped yet.  The driver bounds dirty metadata itself, at points
- * where no request is in flight (extree_commit_locked()), and keeps the
+ * where no request is in flight (xt_commit_locked()), and keeps the
  * core's limit out of the way.
  */
 #define EXTREE_CORE_DIRTY_LIMIT_OFF     (UINT64_MAX / 2)
-
-/*
- * Largest virtual size: the format allows EXTREE_MAX_VIRTUAL_SIZE, QEMU's
- * block layer BDRV_MAX_LENGTH (2^63 - 1 rounded down to 1 GiB), which is
- * smaller.
- */
-#define EXTREE_QEMU_MAX_SIZE \
-    MIN((uint64_t)EXTREE_MAX_VIRTUAL_SIZE, (uint64_t)BDRV_MAX_LENGTH)
-
-/* Runs looked up per lock hold on the read path */
-#define EXTREE_READ_BATCH               16
-
-/*
- * Grow-ahead.  New host space is taken at the end of the file, and on ext4
- * and XFS a direct write that extends the file completes inside io_submit:
- * allocating writes in flight would run one after another.  So before an
- * allocation reaches past the file's end, the file is grown (sparse, no
- * space used) this far beyond it, as QEMU's preallocate filter does; the
- * tail past host_end is cut when the image is closed, inactivated or made
- * read-only.  The format allows a file longer than host_end, so a crash
- * in between leaves a valid image.
- */
-#define EXTREE_GROW_AHEAD               (64 * MiB)
-#define EXTREE_GROW_ALIGN               (1 * MiB)
-
-/*
- * An allocating write in flight: guest blocks [start, end) have host space
- * allocated but not mapped yet.  Others that want to allocate or change
- * blocks of this range wait on @waiters.  Lives on the writer's stack.
- */
-typedef struct ExtreeAllocReq {
-    uint64_t start, end;
-    CoQueue waiters;
-    QLIST_ENTRY(ExtreeAllocReq) next;
-} ExtreeAllocReq;
-
-typedef struct BDRVExtreeState {
-    BlockDriverState *bs;
-    ExtreeBackend backend;              /* over bs->file, opaque = this */
-
-    /*
-     * The metadata lock.  Every call into the core, that is every use of
-     * @t and of the cursors, happens with it held; backend calls made by
-     * the core may yield with it held.  Guest data I/O is done without it.
-     */
-    CoMutex lock;
-
-    /*
-     * Requests: from extree_enter() to extree_leave(), a request may hold
-     * cursors (pinned nodes of @t) and host ranges looked up in @t across
-     * an unlock, so @t must not be replaced meanwhile.  Invalidation sets
-     * @replacing, which holds new requests back on @replace_queue, and
-     * waits on @idle_queue until @requests is zero; the block layer does
-     * not drain the node for it.  Protected by lock.
-     */
-    unsigned requests;
-    bool replacing;
-    CoQueue replace_queue;
-    CoQueue idle_queue;
-
-    /*
-     * NULL after a failed invalidation (bs->drv is cleared then, but
-     * requests queued on @lock meanwhile still run).  Protected by lock.
-     */
-    Extree *t;
-    bool core_read_only;                /* @t was opened read-only */
-    bool inactive;                      /* BDRV_O_INACTIVE: no writes */
-
-    /*
-     * Grow-ahead (EXTREE_GROW_AHEAD): the file's length as last read or
-     * set by extree_grow_file(), -1 when unknown (a truncate ran since);
-     * @grow_off once growing failed (a block device, a protocol that
-     * cannot resize): the writes extend the file themselves.
-     * Protected by lock.
-     */
-    int64_t file_len;
-    bool grow_off;
-    uint32_t block_size;                /* of @t, constant while open */
-    uint32_t node_size;
-
-    /* block_status walks forward from where the last query ended */
-    ExtreeCursor status_cursor;         /* Protected by lock */
-
-    /*
-     * Virtual size of @t, for bdrv_co_getlength(), which takes no lock.
-     * Written with lock held, read with qatomic_read().
-     */
-    uint64_t virtual_size;
-
-    /*
-     * Allocating writes in flight (ExtreeAllocReq); two requests never
-     * allocate the same guest block.  Protected by lock.
-     */
-    QLIST_HEAD(, ExtreeAllocReq) alloc_reqs;
-
-    /*
-     * Commit gate.  A data request looks up (or allocates) host ranges with
-     * the lock held and does the I/O without it; from the lookup until the
-     * I/O is done (and, for an allocating write, the range mapped) it is
-     * counted in @io_inflight.  A commit makes the space freed in the
-     * transaction reusable (and discards it in the host file) and records
-     * every allocation as used, so it must not run while a request is
-     * counted: it bumps @commit_waiting,
-     * which holds new lookups back on @io_queue, and waits on
-     * @commit_queue until @io_inflight drops to zero.  Protected by lock.
-     */
-    unsigned io_inflight;
-    unsigned commit_waiting;
-    CoQueue io_queue;
-    CoQueue commit_queue;
-
-    /*
-     * Corruption seen by the core, handled after the core call returned
-     * (extree_handle_corruption()).  Protected by lock.
-     */
-    bool corrupt_pending;
-    bool signaled_corruption;
-    uint64_t corrupt_offset;
-    char *corrupt_msg;
-
-    /* Runtime options */
-    uint64_t cache_size;                /* bytes, 0 = core default */
-    uint64_t commit_interval;           /* seconds, 0 = no timer */
-    uint64_t dirty_limit;               /* bytes of dirty metadata */
-
-    /*
-     * Commits uncommitted metadata @commit_interval seconds after the first
-     * change; lives in bs's AioContext.
-     */
-    QEMUTimer *commit_timer;
-} BDRVExtreeState;
 
 typedef struct ExtreeReopenState {
     Extree *t;                          /* new core handle, or NULL */
@@ -196,9 +59,6 @@ typedef struct ExtreeReopenState {
 
 static QemuOptsList extree_create_opts;
 static BlockDriver bdrv_extree;
-
-static void coroutine_fn GRAPH_RDLOCK
-extree_grow_before(BDRVExtreeState *s, uint64_t bytes);
 
 static QemuOptsList extree_runtime_opts = {
     .name = "extree",
@@ -229,467 +89,6 @@ static const char *const extree_mutable_opts[] = {
     NULL
 };
 
-/* ---- Backend over bs->file ---- */
-
-/*
- * The core calls these with s->lock held, in coroutine context, or from
- * open/close/reopen outside coroutine context with no request in flight:
- * the co_wrapper_mixed functions work in both.
- */
-static int coroutine_mixed_fn GRAPH_RDLOCK
-extree_be_pread(void *opaque, uint64_t offset, void *buf, uint64_t bytes)
-{
-    BDRVExtreeState *s = opaque;
-
-    return bdrv_pread(s->bs->file, offset, bytes, buf, 0);
-}
-
-static int coroutine_mixed_fn GRAPH_RDLOCK
-extree_be_pwrite(void *opaque, uint64_t offset, const void *buf,
-                 uint64_t bytes)
-{
-    BDRVExtreeState *s = opaque;
-
-    return bdrv_pwrite(s->bs->file, offset, bytes, buf, 0);
-}
-
-static int coroutine_mixed_fn GRAPH_RDLOCK extree_be_flush(void *opaque)
-{
-    BDRVExtreeState *s = opaque;
-
-    return bdrv_flush(s->bs->file->bs);
-}
-
-static int coroutine_mixed_fn GRAPH_RDLOCK
-extree_be_truncate(void *opaque, uint64_t size)
-{
-    BDRVExtreeState *s = opaque;
-
-    trace_extree_host_shrink(s, size);
-    s->file_len = -1;
-    return bdrv_truncate(s->bs->file, size, false, PREALLOC_MODE_OFF, 0,
-                         NULL);
-}
-
-static int coroutine_mixed_fn GRAPH_RDLOCK
-extree_be_discard(void *opaque, uint64_t offset, uint64_t bytes)
-{
-    BDRVExtreeState *s = opaque;
-
-    return bdrv_pdiscard(s->bs->file, offset, bytes);
-}
-
-static int64_t coroutine_mixed_fn GRAPH_RDLOCK
-extree_be_get_length(void *opaque)
-{
-    BDRVExtreeState *s = opaque;
-
-    return bdrv_getlength(s->bs->file->bs);
-}
-
-/*
- * Readahead requests: nodes closer than this in the file are read with one
- * request, the bytes between them into a scratch buffer (one more request
- * costs more than reading that much more, warm or cold); at most this many
- * requests in flight, and this many buffers in one request (IOV_MAX)
- */
-#define EXTREE_RA_MAX_GAP       (64 * KiB)
-#define EXTREE_RA_CONCURRENCY   8
-#define EXTREE_RA_MAX_IOV       512
-
-/* One request of a readahead batch; freed by the pool */
-typedef struct ExtreeReadTask {
-    AioTask task;
-    BdrvChild *file;
-    uint64_t offset;
-    QEMUIOVector qiov;
-    int *rets;
-    const int *idx;             /* of its nodes, into rets */
-    int n;
-} ExtreeReadTask;
-
-static int coroutine_fn GRAPH_RDLOCK extree_read_task(AioTask *task)
-{
-    ExtreeReadTask *t = container_of(task, ExtreeReadTask, task);
-    int ret = bdrv_co_preadv(t->file, t->offset, t->qiov.size, &t->qiov, 0);
-
-    for (int i = 0; i < t->n; i++) {
-        t->rets[t->idx[i]] = ret;
-    }
-    qemu_iovec_destroy(&t->qiov);
-    return 0;           /* each node has its own result */
-}
-
-/*
- * Readahead of a batch of nodes: sorted by offset, nodes that lie close
- * together in the file (a commit writes the nodes it copied into one
- * metadata reserve) are read with one request, and the requests are in
- * flight together, so a forward walk waits for about one read per batch,
- * not one per leaf.
- */
-static void coroutine_mixed_fn GRAPH_RDLOCK
-extree_be_pread_many(void *opaque, int n, const uint64_t *offsets,
-                     void *const *bufs, uint64_t bytes, int *rets)
-{
-    BDRVExtreeState *s = opaque;
-    AioTaskPool *pool;
-    void *scratch = NULL;
-    int *idx;
-    int i, j, reqs = 0;
-
-    if (!qemu_in_coroutine()) {
-        for (i = 0; i < n; i++) {
-            rets[i] = bdrv_pread(s->bs->file, offsets[i], bytes, bufs[i], 0);
-        }
-        return;
-    }
-    /* by offset: mostly in order already */
-    idx = g_new(int, n);
-    for (i = 0; i < n; i++) {
-        for (j = i; j > 0 && offsets[idx[j - 1]] > offsets[i]; j--) {
-            idx[j] = idx[j - 1];
-        }
-        idx[j] = i;
-    }
-    pool = aio_task_pool_new(EXTREE_RA_CONCURRENCY);
-    for (i = 0; i < n; i = j) {
-        ExtreeReadTask *t = g_new(ExtreeReadTask, 1);
-        uint64_t end = offsets[idx[i]] + bytes;
-
-        *t = (ExtreeReadTask) {
-            .task.func = extree_read_task,
-            .file = s->bs->file,
-            .offset = offsets[idx[i]],
-            .rets = rets,
-            .idx = &idx[i],
-        };
-        qemu_iovec_init(&t->qiov, 16);
-        qemu_iovec_add(&t->qiov, bufs[idx[i]], bytes);
-        for (j = i + 1; j < n; j++) {
-            uint64_t off = offsets[idx[j]];
-
-            if (off < end || off - end > EXTREE_RA_MAX_GAP ||
-                t->qiov.niov + 2 > EXTREE_RA_MAX_IOV) {
-                break;      /* overlapping (damaged), far, or full */
-            }
-            if (off > end) {
-                if (!scratch) {
-                    scratch = qemu_blockalign(s->bs, EXTREE_RA_MAX_GAP);
-                }
-                qemu_iovec_add(&t->qiov, scratch, off - end);
-            }
-            qemu_iovec_add(&t->qiov, bufs[idx[j]], bytes);
-            end = off + bytes;
-        }
-        t->n = j - i;
-        reqs++;
-        aio_task_pool_start_task(pool, &t->task);
-    }
-    aio_task_pool_wait_all(pool);
-    aio_task_pool_free(pool);
-    trace_extree_readahead(s, n, reqs, offsets[idx[0]],
-                           offsets[idx[n - 1]] + bytes - offsets[idx[0]]);
-    qemu_vfree(scratch);
-    g_free(idx);
-}
-
-static const ExtreeBackendOps extree_file_backend_ops = {
-    .pread = extree_be_pread,
-    .pread_many = extree_be_pread_many,
-    .pwrite = extree_be_pwrite,
-    .flush = extree_be_flush,
-    .truncate = extree_be_truncate,
-    .discard = extree_be_discard,
-    .get_length = extree_be_get_length,
-};
-
-/* Backend over a BlockBackend, for image creation (coroutine context) */
-static int coroutine_fn extree_blk_pread(void *opaque, uint64_t offset,
-                                         void *buf, uint64_t bytes)
-{
-    return blk_co_pread(opaque, offset, bytes, buf, 0);
-}
-
-static int coroutine_fn extree_blk_pwrite(void *opaque, uint64_t offset,
-                                          const void *buf, uint64_t bytes)
-{
-    return blk_co_pwrite(opaque, offset, bytes, buf, 0);
-}
-
-static int coroutine_fn extree_blk_flush(void *opaque)
-{
-    return blk_co_flush(opaque);
-}
-
-static int64_t coroutine_fn extree_blk_get_length(void *opaque)
-{
-    return blk_co_getlength(opaque);
-}
-
-static const ExtreeBackendOps extree_blk_backend_ops = {
-    .pread = extree_blk_pread,
-    .pwrite = extree_blk_pwrite,
-    .flush = extree_blk_flush,
-    .get_length = extree_blk_get_length,
-};
-
-/* ---- Corruption ---- */
-
-/*
- * Called by the core, from inside the call that found the damage (which
- * then fails with -EIO).  Only records it: marking the image corrupt
- * writes a superblock, which must wait until the core call has returned.
- */
-static void extree_corrupt_cb(void *opaque, uint64_t offset, const char *msg)
-{
-    BDRVExtreeState *s = opaque;
-
-    if (!s->corrupt_pending) {
-        s->corrupt_pending = true;
-        s->corrupt_offset = offset;
-        g_free(s->corrupt_msg);
-        s->corrupt_msg = g_strdup(msg);
-    }
-}
-
-/*
- * The one corruption helper, in the spirit of qcow2_signal_corruption():
- * logs the damaged structure and its offset, sends BLOCK_IMAGE_CORRUPTED
- * and, if the image is writable, sets the corrupt bit in a new superblock
- * (the core refuses updates from then on; reads go on).  The request that
- * hit the damage has already failed with -EIO.
- *
- * Called with s->lock held, or with no request in flight.
- */
-static void coroutine_mixed_fn extree_handle_corruption(BDRVExtreeState *s)
-{
-    BlockDriverState *bs = s->bs;
-    const char *node_name;
-    bool fatal;
-    int ret;
-
-    if (!s->corrupt_pending) {
-        return;
-    }
-    s->corrupt_pending = false;
-    fatal = s->t && !s->core_read_only && !s->inactive &&
-            !(extree_incompat_features(s->t) & EXTREE_INCOMPAT_CORRUPT);
-    trace_extree_corruption(s, s->corrupt_offset, fatal);
-
-    if (!s->signaled_corruption || fatal) {
-        if (fatal) {
-            error_report("extree: Marking image as corrupt: %s; further "
-                         "corruption events will be suppressed",
-                         s->corrupt_msg);
-        } else {
-            error_report("extree: Image is corrupt: %s; further non-fatal "
-                         "corruption events will be suppressed",
-                         s->corrupt_msg);
-        }
-        node_name = bdrv_get_node_name(bs);
-        qapi_event_send_block_image_corrupted(bdrv_get_device_name(bs),
-                                              *node_name ? node_name : NULL,
-                                              s->corrupt_msg, true,
-                                              s->corrupt_offset, false, 0,
-                                              fatal);
-        s->signaled_corruption = true;
-    }
-    if (fatal) {
-        ret = extree_mark_corrupt(s->t);
-        if (ret < 0) {
-            error_report("extree: Could not mark the image corrupt: %s",
-                         strerror(-ret));
-        }
-    }
-}
-
-/* ---- Lock, commit gate, commits ---- */
-
-static inline void coroutine_fn extree_lock(BDRVExtreeState *s)
-{
-    qemu_co_mutex_lock(&s->lock);
-}
-
-/* qemu_co_queue_wait() on s->lock, which it retakes */
-static void coroutine_fn extree_queue_wait(BDRVExtreeState *s, CoQueue *q)
-{
-    qemu_co_queue_wait(q, &s->lock);
-}
-
-static inline void coroutine_fn extree_unlock(BDRVExtreeState *s)
-{
-    if (unlikely(s->corrupt_pending)) {
-        extree_handle_corruption(s);
-    }
-    qemu_co_mutex_unlock(&s->lock);
-}
-
-/*
- * Start a request: take s->lock and count the request (see
- * BDRVExtreeState.requests).  -ENOMEDIUM, with the lock not held, if
- * there is no core handle (a failed invalidation).  @nested: called from
- * a request that is counted already (which holds invalidation back, so
- * waiting for it would deadlock).
- */
-static int coroutine_fn extree_enter_nested(BDRVExtreeState *s, bool nested)
-{
-    extree_lock(s);
-    while (s->replacing && !nested) {
-        extree_queue_wait(s, &s->replace_queue);
-    }
-    if (!s->t) {
-        qemu_co_mutex_unlock(&s->lock);
-        return -ENOMEDIUM;
-    }
-    s->requests++;
-    return 0;
-}
-
-static int coroutine_fn extree_enter(BDRVExtreeState *s)
-{
-    return extree_enter_nested(s, false);
-}
-
-/* End a request started by extree_enter(); drops s->lock */
-static void coroutine_fn extree_leave(BDRVExtreeState *s)
-{
-    assert(s->requests > 0);
-    if (--s->requests == 0 && s->replacing) {
-        qemu_co_queue_restart_all(&s->idle_queue);
-    }
-    extree_unlock(s);
-}
-
-/*
- * Count a request that is about to look up host ranges for data I/O.
- * Called with s->lock held; waits (dropping it) while a commit is pending.
- */
-static void coroutine_fn extree_io_begin(BDRVExtreeState *s)
-{
-    while (s->commit_waiting) {
-        extree_queue_wait(s, &s->io_queue);
-    }
-    s->io_inflight++;
-}
-
-/* Called with s->lock held */
-static void coroutine_fn extree_io_end(BDRVExtreeState *s)
-{
-    assert(s->io_inflight > 0);
-    if (--s->io_inflight == 0 && s->commit_waiting) {
-        qemu_co_queue_restart_all(&s->commit_queue);
-    }
-}
-
-/* Called with s->lock held */
-static ExtreeAllocReq *extree_find_alloc(BDRVExtreeState *s, uint64_t start,
-                                         uint64_t end)
-{
-    ExtreeAllocReq *req;
-
-    QLIST_FOREACH(req, &s->alloc_reqs, next) {
-        if (req->start < end && start < req->end) {
-            return req;
-        }
-    }
-    return NULL;
-}
-
-/*
- * Wait until no allocating write overlaps guest [start, end).  Called with
- * s->lock held; drops it while waiting.  Returns true if it waited (the
- * caller's view of the mapping is stale then).
- */
-static bool coroutine_fn extree_wait_alloc(BDRVExtreeState *s, uint64_t start,
-                                           uint64_t end)
-{
-    ExtreeAllocReq *other;
-    bool waited = false;
-
-    while ((other = extree_find_alloc(s, start, end))) {
-        trace_extree_alloc_wait(s, start, end);
-        extree_queue_wait(s, &other->waiters);
-        waited = true;
-    }
-    return waited;
-}
-
-/*
- * Commit, with no request in flight: open, close, reopen, inactivate (the
- * node is drained there).
- */
-static int coroutine_mixed_fn GRAPH_RDLOCK
-extree_commit_now(BDRVExtreeState *s)
-{
-    int ret;
-
-    if (!s->t || s->core_read_only || !extree_is_dirty(s->t)) {
-        return 0;
-    }
-    assert(s->io_inflight == 0);
-    trace_extree_commit_start(s, extree_generation(s->t) + 1, 0);
-    ret = extree_commit(s->t);
-    extree_handle_corruption(s);
-    trace_extree_commit_done(s, extree_generation(s->t), ret);
-    return ret;
-}
-
-/*
- * Commit the transaction: waits until no request is between its lookup and
- * the end of its data I/O, holding new ones back meanwhile.
- * Called with s->lock held; may drop and retake it.
- */
-static int coroutine_fn GRAPH_RDLOCK extree_commit_locked(BDRVExtreeState *s)
-{
-    int ret;
-
-    if (s->core_read_only || !extree_is_dirty(s->t)) {
-        return 0;
-    }
-    trace_extree_commit_start(s, extree_generation(s->t) + 1,
-                              s->io_inflight);
-    s->commit_waiting++;
-    while (s->io_inflight > 0) {
-        extree_queue_wait(s, &s->commit_queue);
-    }
-    /* the free-space tree's nodes are allocated now */
-    extree_grow_before(s, 0);
-    ret = extree_commit(s->t);
-    if (--s->commit_waiting == 0) {
-        qemu_co_queue_restart_all(&s->io_queue);
-    }
-    trace_extree_commit_done(s, extree_generation(s->t), ret);
-    if (s->commit_timer && !extree_is_dirty(s->t)) {
-        timer_del(s->commit_timer);
-    }
-    return ret;
-}
-
-/*
- * After a request changed the tree: commit if too much metadata is dirty,
- * else make sure the commit timer runs.  Called with s->lock held, after
- * the request's own extree_io_end().
- */
-static void coroutine_fn GRAPH_RDLOCK extree_update_done(BDRVExtreeState *s)
-{
-    ExtreeStats st;
-
-    if (s->core_read_only || !extree_is_dirty(s->t)) {
-        return;
-    }
-    extree_stats(s->t, &st);
-    if (st.dirty_nodes * s->node_size >= s->dirty_limit) {
-        /* A failure is reported by the next flush, which retries */
-        extree_commit_locked(s);
-        return;
-    }
-    if (s->commit_timer && s->commit_interval &&
-        !timer_pending(s->commit_timer)) {
-        timer_mod(s->commit_timer, qemu_clock_get_ms(QEMU_CLOCK_REALTIME) +
-                  s->commit_interval * 1000);
-    }
-}
-
 static void coroutine_fn extree_commit_timer_entry(void *opaque)
 {
     BDRVExtreeState *s = opaque;
@@ -698,11 +97,11 @@ static void coroutine_fn extree_commit_timer_entry(void *opaque)
     GRAPH_RDLOCK_GUARD();
 
     trace_extree_commit_timer(s);
-    if (extree_enter(s) == 0) {
+    if (xt_enter(s) == 0) {
         if (!s->inactive) {
-            extree_commit_locked(s);
+            xt_commit_locked(s);
         }
-        extree_leave(s);
+        xt_leave(s);
     }
     bdrv_dec_in_flight(bs);
 }
@@ -758,96 +157,6 @@ static void extree_drain_begin(BlockDriverState *bs)
         timer_del(s->commit_timer);
         extree_start_commit_co(s);
     }
-}
-
-/* ---- Grow-ahead (EXTREE_GROW_AHEAD) ---- */
-
-/*
- * Make the file reach @end before an allocation that ends there is
- * written.  If it cannot grow (a block device, an NBD export: protocol
- * nodes of fixed size), the core is told to keep host_end within the
- * file's length from then on, and a full file fails allocating writes with
- * -ENOSPC.  Called with s->lock held, so no other allocation runs
- * meanwhile; no request is in flight past the file's end, so the truncate
- * waits for none.
- */
-static void coroutine_fn GRAPH_RDLOCK
-extree_grow_file(BDRVExtreeState *s, uint64_t end)
-{
-    BdrvChild *file = s->bs->file;
-    int64_t len;
-    uint64_t want;
-    int ret;
-
-    if (s->grow_off ||
-        (s->file_len >= 0 && end <= (uint64_t)s->file_len)) {
-        return;
-    }
-    len = bdrv_co_getlength(file->bs);
-    if (len < 0) {
-        s->file_len = -1;
-        return;
-    }
-    s->file_len = len;
-    if (end <= (uint64_t)len) {
-        return;
-    }
-    /* A regular file is cut to exactly @want: never less than @len */
-    want = ROUND_UP(end + EXTREE_GROW_AHEAD, EXTREE_GROW_ALIGN);
-    ret = bdrv_co_truncate(file, want, false, PREALLOC_MODE_OFF, 0, NULL);
-    trace_extree_grow_file(s, len, want, ret);
-    if (ret < 0) {
-        s->grow_off = true;
-        extree_set_host_limit(s->t, len);
-        return;
-    }
-    s->file_len = want;
-}
-
-/*
- * Before a tree update that may allocate up to @bytes of data (0: nodes
- * only): grow the file as far as the allocation can move host_end, so
- * that a file of fixed size is known as such before anything is allocated
- * past its end.  O(1) while the file is long enough.  Called with s->lock
- * held.
- */
-static void coroutine_fn GRAPH_RDLOCK
-extree_grow_before(BDRVExtreeState *s, uint64_t bytes)
-{
-    if (!s->core_read_only) {
-        extree_grow_file(s, extree_grow_bound(s->t, bytes));
-    }
-}
-
-/*
- * Cut what lies past host_end off the file (grow-ahead's tail, or one a
- * crash left), so that a closed image is no longer than its contents.
- * Only after a successful commit, with the core read-write and no request
- * in flight: then host_end is the durable one and nothing past it is in
- * use.  Never on an image found damaged or being checked: what lies past
- * host_end may be evidence.  Best effort.  Called with s->lock held or
- * from close.
- */
-static void coroutine_mixed_fn GRAPH_RDLOCK extree_trim_file(BDRVExtreeState *s)
-{
-    uint64_t end;
-    int64_t len;
-    int ret;
-
-    if (!s->t || s->core_read_only || s->inactive || extree_is_dirty(s->t) ||
-        s->corrupt_pending || s->signaled_corruption ||
-        (extree_incompat_features(s->t) & EXTREE_INCOMPAT_CORRUPT) ||
-        (s->bs->open_flags & BDRV_O_CHECK)) {
-        return;
-    }
-    end = extree_host_end(s->t);
-    len = bdrv_getlength(s->bs->file->bs);
-    if (len < 0 || (uint64_t)len <= end) {
-        return;
-    }
-    s->file_len = -1;
-    ret = bdrv_truncate(s->bs->file, end, false, PREALLOC_MODE_OFF, 0, NULL);
-    trace_extree_trim_file(s, len, end, ret);
 }
 
 /* ---- Probe, open, close ---- */
@@ -960,7 +269,7 @@ static void GRAPH_RDLOCK extree_install_core(BDRVExtreeState *s, Extree *t,
     s->grow_off = false;
     s->block_size = extree_block_size(t);
     s->node_size = extree_node_size(t);
-    extree_set_corrupt_handler(t, extree_corrupt_cb, s);
+    extree_set_corrupt_handler(t, xt_corrupt_cb, s);
     extree_cursor_init(&s->status_cursor, t);
     qatomic_set(&s->virtual_size, extree_virtual_size(t));
 
@@ -1005,7 +314,7 @@ static void extree_init_state(BlockDriverState *bs)
     BDRVExtreeState *s = bs->opaque;
 
     s->bs = bs;
-    s->backend.ops = &extree_file_backend_ops;
+    s->backend.ops = &xt_file_backend_ops;
     s->backend.opaque = s;
     qemu_co_mutex_init(&s->lock);
     qemu_co_queue_init(&s->io_queue);
@@ -1032,7 +341,7 @@ static void coroutine_fn extree_open_entry(void *opaque)
 
     GRAPH_RDLOCK_GUARD();
 
-    extree_lock(s);
+    xt_lock(s);
     oc->ret = extree_open_core(s, oc->flags, s->cache_size, &t, &read_only,
                                oc->errp);
     if (oc->ret == 0) {
@@ -1099,12 +408,12 @@ static void GRAPH_RDLOCK extree_do_close(BlockDriverState *bs)
 
     extree_detach_aio_context(bs);
     if (!s->inactive) {
-        int ret = extree_commit_now(s);
+        int ret = xt_commit_now(s);
         if (ret < 0) {
             error_report("extree: Could not commit metadata on close: %s",
                          strerror(-ret));
         }
-        extree_trim_file(s);
+        xt_trim_file(s);
     }
     extree_drop_core(s);
 }
@@ -1142,10 +451,10 @@ static void coroutine_fn extree_call_entry(void *opaque)
 
     GRAPH_RDLOCK_GUARD();
 
-    ret = extree_enter(s);
+    ret = xt_enter(s);
     if (ret == 0) {
         ret = c->fn(s);
-        extree_leave(s);
+        xt_leave(s);
     }
     c->ret = ret;
     aio_wait_kick();
@@ -1188,13 +497,13 @@ extree_reopen_prepare(BDRVReopenState *state, BlockReopenQueue *queue,
 
     /* Going read-only: everything must be committed now */
     if (want_ro && !s->core_read_only) {
-        ret = extree_commit_now(s);
+        ret = xt_commit_now(s);
         if (ret < 0) {
             error_setg_errno(errp, -ret, "Could not commit extree metadata");
             goto fail;
         }
         /* While bs->file still grants resize */
-        extree_trim_file(s);
+        xt_trim_file(s);
     }
 
     /*
@@ -1206,7 +515,7 @@ extree_reopen_prepare(BDRVReopenState *state, BlockReopenQueue *queue,
     trace_extree_reopen_prepare(s, want_ro, new_handle);
     if (new_handle) {
         if (!s->core_read_only && extree_is_dirty(s->t)) {
-            ret = extree_commit_now(s);
+            ret = xt_commit_now(s);
             if (ret < 0) {
                 error_setg_errno(errp, -ret,
                                  "Could not commit extree metadata");
@@ -1261,11 +570,11 @@ static void GRAPH_UNLOCKED extree_reopen_abort(BDRVReopenState *state)
 static int coroutine_fn GRAPH_RDLOCK
 extree_inactivate_locked(BDRVExtreeState *s)
 {
-    int ret = extree_commit_locked(s);
+    int ret = xt_commit_locked(s);
 
     if (ret == 0) {
         /* Reads may run, but below host_end only */
-        extree_trim_file(s);
+        xt_trim_file(s);
     }
     return ret;
 }
@@ -1306,15 +615,15 @@ extree_co_invalidate_cache(BlockDriverState *bs, Error **errp)
     int ret;
 
     trace_extree_invalidate_cache(s);
-    extree_lock(s);
+    xt_lock(s);
     assert(!s->replacing);
     s->replacing = true;
     while (s->requests > 0) {
-        extree_queue_wait(s, &s->idle_queue);
+        xt_queue_wait(s, &s->idle_queue);
     }
     extree_detach_aio_context(bs);
     if (!s->inactive) {
-        extree_commit_now(s);
+        xt_commit_now(s);
     }
     extree_drop_core(s);
     s->inactive = false;
@@ -1335,807 +644,9 @@ extree_co_invalidate_cache(BlockDriverState *bs, Error **errp)
     extree_attach_aio_context(bs, bdrv_get_aio_context(bs));
 }
 
-/* ---- Reads ---- */
-
-/*
- * What guest [@guest, @guest + @bytes) reads as in a run of @type that is
- * not DATA: the backing chain for UNALLOC (zeroes past its end or without
- * one), zeroes for ZERO.  Called without s->lock.
- */
-static int coroutine_fn GRAPH_RDLOCK
-extree_read_unmapped(BDRVExtreeState *s, ExtreeRunType type, uint64_t guest,
-                     uint64_t bytes, QEMUIOVector *qiov, size_t qiov_offset)
-{
-    if (type == EXTREE_RUN_UNALLOC && s->bs->backing) {
-        return bdrv_co_preadv_part(s->bs->backing, guest, bytes, qiov,
-                                   qiov_offset, 0);
-    }
-    qemu_iovec_memset(qiov, qiov_offset, 0, bytes);
-    return 0;
-}
-
-/*
- * One lookup of up to EXTREE_READ_BATCH runs with the request's cursor,
- * then their I/O without the lock.  DATA runs are host-contiguous pieces
- * already merged by the cursor (EXTREE_COALESCE_HOST): one host read each.
- */
-static int coroutine_fn GRAPH_RDLOCK
-extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
-                      QEMUIOVector *qiov, size_t qiov_offset,
-                      BdrvRequestFlags flags)
-{
-    BDRVExtreeState *s = bs->opaque;
-    ExtreeRun runs[EXTREE_READ_BATCH];
-    ExtreeCursor cur;
-    int ret = 0;
-
-    trace_extree_co_preadv_start(s, offset, bytes);
-    ret = extree_enter(s);
-    if (ret < 0) {
-        return ret;
-    }
-    extree_cursor_init(&cur, s->t);
-    while (bytes > 0) {
-        uint64_t pos = offset, left = bytes;
-        int nr = 0;
-
-        extree_io_begin(s);
-        while (nr < EXTREE_READ_BATCH && left > 0) {
-            ret = extree_cursor_query(&cur, pos, left, EXTREE_COALESCE_HOST,
-                                      &runs[nr]);
-            if (ret < 0) {
-                break;
-            }
-            pos += runs[nr].length;
-            left -= runs[nr].length;
-            nr++;
-        }
-        if (ret < 0) {
-            extree_io_end(s);
-            break;
-        }
-        qemu_co_mutex_unlock(&s->lock);
-
-        for (int i = 0; i < nr && ret >= 0; i++) {
-            ExtreeRun *run = &runs[i];
-            size_t qoff = qiov_offset + (run->guest - offset);
-
-            trace_extree_read_run(s, run->guest, run->length, run->type,
-                                  run->host);
-            if (run->type == EXTREE_RUN_DATA) {
-                BLKDBG_CO_EVENT(bs->file, BLKDBG_READ_AIO);
-                ret = bdrv_co_preadv_part(bs->file, run->host, run->length,
-                                          qiov, qoff, 0);
-            } else {
-                ret = extree_read_unmapped(s, run->type, run->guest,
-                                           run->length, qiov, qoff);
-            }
-        }
-
-        extree_lock(s);
-        extree_io_end(s);
-        if (ret < 0) {
-            break;
-        }
-        qiov_offset += pos - offset;
-        offset = pos;
-        bytes = left;
-    }
-    extree_cursor_release(&cur);
-    extree_leave(s);
-    trace_extree_co_preadv_done(s, offset, ret);
-    return ret < 0 ? ret : 0;
-}
-
-/* ---- Writes ---- */
-
-/*
- * Fill @buf (@bytes) with what guest [@guest, @guest + @bytes) reads as now,
- * for a run of @type that is not DATA; bytes past @vsize read as zeroes.
- * Called without s->lock.
- */
-static int coroutine_fn GRAPH_RDLOCK
-extree_read_old(BDRVExtreeState *s, ExtreeRunType type, uint64_t guest,
-                uint64_t bytes, uint64_t vsize, uint8_t *buf)
-{
-    memset(buf, 0, bytes);
-    if (type == EXTREE_RUN_UNALLOC && s->bs->backing && guest < vsize) {
-        return bdrv_co_pread(s->bs->backing, guest, MIN(bytes, vsize - guest),
-                             buf, 0);
-    }
-    return 0;
-}
-
-/*
- * The allocating part of a write: guest [@offset, @offset + @n) lies in
- * @run, which is UNALLOC or ZERO.  Allocates host space for the blocks it
- * touches, writes the guest data there together with the rest of its first
- * and last block (read-modify-write: backing file or zeroes), then maps the
- * blocks.  *@done is the part of the request written (the allocation may
- * have been shorter).
- *
- * Called with s->lock held and the request counted (extree_io_begin());
- * returns with s->lock held and the count dropped.  -EAGAIN: it waited for
- * an overlapping allocating write, look the mapping up again.
- */
-static int coroutine_fn GRAPH_RDLOCK
-extree_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
-                   uint64_t n, QEMUIOVector *qiov, size_t qiov_offset,
-                   uint64_t *done)
-{
-    BlockDriverState *bs = s->bs;
-    uint64_t bsz = s->block_size;
-    uint64_t vsize = extree_virtual_size(s->t);
-    uint64_t start = QEMU_ALIGN_DOWN(offset, bsz);
-    uint64_t end = ROUND_UP(offset + n, bsz);
-    uint64_t host, got, head, wlen, tail, pend;
-    uint8_t *head_buf = NULL, *tail_buf = NULL;
-    ExtreeAllocReq req;
-    QEMUIOVector hd_qiov;
-    int ret;
-
-    if (extree_find_alloc(s, start, end)) {
-        extree_io_end(s);
-        extree_wait_alloc(s, start, end);
-        return -EAGAIN;
-    }
-
-    extree_grow_before(s, end - start);
-    ret = extree_alloc_data(s->t, start, end - start, &host, &got);
-    if (ret < 0) {
-        extree_io_end(s);
-        return ret;
-    }
-    extree_grow_file(s, host + got);
-    pend = start + got;
-    req.start = start;
-    req.end = pend;
-    qemu_co_queue_init(&req.waiters);
-    QLIST_INSERT_HEAD(&s->alloc_reqs, &req, next);
-    qemu_co_mutex_unlock(&s->lock);
-
-    head = offset - start;
-    wlen = MIN(offset + n, pend) - offset;
-    tail = pend - (offset + wlen);
-    trace_extree_alloc_write_start(s, start, pend, host, wlen);
-
-    qemu_iovec_init(&hd_qiov, qiov->niov + 2);
-    if (head) {
-        head_buf = qemu_blockalign(bs, head);
-        ret = extree_read_old(s, run->type, start, head, vsize, head_buf);
-        qemu_iovec_add(&hd_qiov, head_buf, head);
-    }
-    if (ret == 0) {
-        qemu_iovec_concat(&hd_qiov, qiov, qiov_offset, wlen);
-    }
-    if (ret == 0 && tail) {
-        tail_buf = qemu_blockalign(bs, tail);
-        ret = extree_read_old(s, run->type, offset + wlen, tail, vsize,
-                              tail_buf);
-        qemu_iovec_add(&hd_qiov, tail_buf, tail);
-    }
-    if (ret == 0) {
-        BLKDBG_CO_EVENT(bs->file, BLKDBG_WRITE_AIO);
-        ret = bdrv_co_pwritev(bs->file, host, got, &hd_qiov, 0);
-    }
-    qemu_iovec_destroy(&hd_qiov);
-    qemu_vfree(head_buf);
-    qemu_vfree(tail_buf);
-
-    extree_lock(s);
-    if (ret == 0) {
-        /* The data is written: now the mapping may reach a commit */
-        ret = extree_map_data(s->t, start, got, host);
-    }
-    if (ret < 0) {
-        extree_free_data(s->t, host, got);
-    }
-    QLIST_REMOVE(&req, next);
-    qemu_co_queue_restart_all(&req.waiters);
-    extree_io_end(s);
-    trace_extree_alloc_write_done(s, start, host, ret);
-    *done = wlen;
-    return ret;
-}
-
-/* @nested: see extree_enter_nested() */
-static int coroutine_fn GRAPH_RDLOCK
-extree_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
-               QEMUIOVector *qiov, size_t qiov_offset, bool nested)
-{
-    BDRVExtreeState *s = bs->opaque;
-    bool committed = false;
-    ExtreeCursor cur;
-    int ret = 0;
-
-    trace_extree_co_pwritev_start(s, offset, bytes);
-    ret = extree_enter_nested(s, nested);
-    if (ret < 0) {
-        return ret;
-    }
-    extree_cursor_init(&cur, s->t);
-    while (bytes > 0) {
-        ExtreeRun run;
-        uint64_t n;
-
-        extree_io_begin(s);
-        ret = extree_cursor_query(&cur, offset, bytes, EXTREE_COALESCE_HOST,
-                                  &run);
-        if (ret < 0) {
-            extree_io_end(s);
-            break;
-        }
-        n = run.length;
-        if (run.type == EXTREE_RUN_DATA) {
-            /* Data in place: no metadata change */
-            qemu_co_mutex_unlock(&s->lock);
-            trace_extree_write_in_place(s, offset, n, run.host);
-            BLKDBG_CO_EVENT(bs->file, BLKDBG_WRITE_AIO);
-            ret = bdrv_co_pwritev_part(bs->file, run.host, n, qiov,
-                                       qiov_offset, 0);
-            extree_lock(s);
-            extree_io_end(s);
-        } else {
-            ret = extree_alloc_write(s, &run, offset, n, qiov, qiov_offset,
-                                     &n);
-            if (ret == -EAGAIN) {
-                continue;
-            }
-            if (ret == -ENOSPC && !committed && extree_is_dirty(s->t)) {
-                /*
-                 * A full node of fixed size: space freed in this
-                 * transaction (a discard) is reusable once committed
-                 */
-                committed = true;
-                if (extree_commit_locked(s) == 0) {
-                    continue;
-                }
-                ret = -ENOSPC;
-            }
-        }
-        if (ret < 0) {
-            break;
-        }
-        offset += n;
-        bytes -= n;
-        qiov_offset += n;
-    }
-    extree_cursor_release(&cur);
-    extree_update_done(s);
-    extree_leave(s);
-    trace_extree_co_pwritev_done(s, offset, ret);
-    return ret < 0 ? ret : 0;
-}
-
-static int coroutine_fn GRAPH_RDLOCK
-extree_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
-                       QEMUIOVector *qiov, size_t qiov_offset,
-                       BdrvRequestFlags flags)
-{
-    return extree_pwritev(bs, offset, bytes, qiov, qiov_offset, false);
-}
-
-/* ---- Flush ---- */
-
-static int coroutine_fn GRAPH_RDLOCK extree_co_flush_to_os(BlockDriverState *bs)
-{
-    BDRVExtreeState *s = bs->opaque;
-    int ret;
-
-    if (s->inactive) {
-        return 0;
-    }
-    ret = extree_enter(s);
-    if (ret == 0) {
-        ret = extree_commit_locked(s);
-        extree_leave(s);
-    }
-    return ret;
-}
-
-/* ---- Metadata-only range updates: discard, zeroes, truncate ---- */
-
-typedef enum ExtreeRangeOp {
-    EXTREE_OP_PUNCH,        /* unallocated: the backing chain shows */
-    EXTREE_OP_ZERO,         /* a ZERO extent */
-} ExtreeRangeOp;
-
-/*
- * Make block-aligned guest [start, end) unallocated or a ZERO extent,
- * freeing its DATA space.  Waits for allocating writes into the range
- * first.  Called with s->lock held; may drop and retake it.
- */
-static int coroutine_fn GRAPH_RDLOCK
-extree_update_range(BDRVExtreeState *s, uint64_t start, uint64_t end,
-                    ExtreeRangeOp op)
-{
-    assert(QEMU_IS_ALIGNED(start | end, s->block_size) && start < end);
-    trace_extree_update_range(s, start, end, op);
-    extree_wait_alloc(s, start, end);
-    extree_grow_before(s, 0);
-    if (op == EXTREE_OP_ZERO) {
-        return extree_set_zero(s->t, start, end - start);
-    }
-    return extree_punch(s->t, start, end - start);
-}
-
-/*
- * Discard whole blocks (partial blocks are ignored, except the partial
- * block at the end of the disk when the request reaches the end).  The
- * range becomes unallocated, or, when a backing file would show through,
- * a ZERO extent (like qcow2); its space is freed.
- */
-static int coroutine_fn GRAPH_RDLOCK
-extree_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes)
-{
-    BDRVExtreeState *s = bs->opaque;
-    uint64_t bsz = s->block_size;
-    uint64_t start, end;
-    int ret;
-
-    trace_extree_co_pdiscard_start(s, offset, bytes);
-    ret = extree_enter(s);
-    if (ret < 0) {
-        return ret;
-    }
-    start = ROUND_UP(offset, bsz);
-    if (offset + bytes >= extree_virtual_size(s->t)) {
-        end = ROUND_UP(extree_virtual_size(s->t), bsz);
-    } else {
-        end = QEMU_ALIGN_DOWN(offset + bytes, bsz);
-    }
-    if (start >= end) {
-        ret = -ENOTSUP;
-    } else {
-        ret = extree_update_range(s, start, end, bs->backing ?
-                                  EXTREE_OP_ZERO : EXTREE_OP_PUNCH);
-        extree_update_done(s);
-    }
-    extree_leave(s);
-    trace_extree_co_pdiscard_done(s, offset, ret);
-    return ret;
-}
-
-/*
- * Zero part of one block: guest [offset, offset + bytes) within a single
- * block, not the whole of it.  DATA: zero in place in the host file.
- * ZERO: nothing to do.  Unallocated without a backing file: the block
- * reads as zeroes, make it a ZERO extent.  Unallocated with one: write a
- * buffer of zeroes (read-modify-write of the block), unless the caller
- * forbids that fallback.
- */
-static int coroutine_fn GRAPH_RDLOCK
-extree_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
-                    BdrvRequestFlags flags)
-{
-    BlockDriverState *bs = s->bs;
-    uint64_t bsz = s->block_size;
-    uint64_t bstart = QEMU_ALIGN_DOWN(offset, bsz);
-    ExtreeCursor cur;
-    ExtreeRun run;
-    int ret;
-
-    ret = extree_enter(s);
-    if (ret < 0) {
-        return ret;
-    }
-    for (;;) {
-        extree_io_begin(s);
-        extree_cursor_init(&cur, s->t);
-        ret = extree_cursor_query(&cur, offset, bytes, EXTREE_COALESCE_HOST,
-                                  &run);
-        extree_cursor_release(&cur);
-        if (ret < 0 || run.type != EXTREE_RUN_UNALLOC ||
-            !extree_find_alloc(s, bstart, bstart + bsz)) {
-            break;
-        }
-        /* The block is being allocated: wait and look again */
-        extree_io_end(s);
-        extree_wait_alloc(s, bstart, bstart + bsz);
-    }
-    if (ret < 0) {
-        extree_io_end(s);
-        goto out;
-    }
-
-    switch (run.type) {
-    case EXTREE_RUN_DATA:
-        qemu_co_mutex_unlock(&s->lock);
-        ret = bdrv_co_pwrite_zeroes(bs->file, run.host, bytes,
-                                    flags & BDRV_REQ_NO_FALLBACK);
-        extree_lock(s);
-        extree_io_end(s);
-        break;
-    case EXTREE_RUN_ZERO:
-        extree_io_end(s);
-        break;
-    case EXTREE_RUN_UNALLOC:
-        extree_io_end(s);
-        if (!bs->backing) {
-            ret = extree_update_range(s, bstart, bstart + bsz,
-                                      EXTREE_OP_ZERO);
-            extree_update_done(s);
-        } else if (flags & BDRV_REQ_NO_FALLBACK) {
-            ret = -ENOTSUP;
-        } else {
-            QEMUIOVector qiov;
-            void *buf = qemu_blockalign0(bs, bytes);
-
-            extree_leave(s);
-            qemu_iovec_init_buf(&qiov, buf, bytes);
-            ret = extree_pwritev(bs, offset, bytes, &qiov, 0, false);
-            qemu_vfree(buf);
-            return ret;
-        }
-        break;
-    }
-out:
-    extree_leave(s);
-    return ret;
-}
-
-/*
- * Zero whole blocks [start, end) (end may be the rounded-up end of the
- * disk).  With BDRV_REQ_MAY_UNMAP: one ZERO extent, DATA space freed.
- * Without: DATA keeps its space and is zeroed in place; the rest becomes
- * ZERO extents.
- */
-static int coroutine_fn GRAPH_RDLOCK
-extree_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
-                   BdrvRequestFlags flags)
-{
-    BlockDriverState *bs = s->bs;
-    uint64_t bsz = s->block_size;
-    ExtreeCursor cur;
-    int ret;
-
-    ret = extree_enter(s);
-    if (ret < 0) {
-        return ret;
-    }
-    if (flags & BDRV_REQ_MAY_UNMAP) {
-        ret = extree_update_range(s, start, end, EXTREE_OP_ZERO);
-        goto out;
-    }
-
-    extree_cursor_init(&cur, s->t);
-    while (start < end) {
-        uint64_t vsize = extree_virtual_size(s->t);
-        ExtreeRun run;
-
-        if (start >= vsize) {
-            break;
-        }
-        extree_io_begin(s);
-        ret = extree_cursor_query(&cur, start, MIN(end, vsize) - start,
-                                  EXTREE_COALESCE_HOST, &run);
-        if (ret < 0) {
-            extree_io_end(s);
-            break;
-        }
-        if (run.type == EXTREE_RUN_DATA) {
-            qemu_co_mutex_unlock(&s->lock);
-            ret = bdrv_co_pwrite_zeroes(bs->file, run.host,
-                                        ROUND_UP(run.length, bsz),
-                                        flags & BDRV_REQ_NO_FALLBACK);
-            extree_lock(s);
-            extree_io_end(s);
-        } else {
-            extree_io_end(s);
-            if (run.type == EXTREE_RUN_UNALLOC) {
-                ret = extree_update_range(s, start,
-                                          ROUND_UP(start + run.length, bsz),
-                                          EXTREE_OP_ZERO);
-            }
-        }
-        if (ret < 0) {
-            break;
-        }
-        start = ROUND_UP(start + run.length, bsz);
-    }
-    extree_cursor_release(&cur);
-out:
-    extree_update_done(s);
-    extree_leave(s);
-    return ret;
-}
-
-static int coroutine_fn GRAPH_RDLOCK
-extree_co_pwrite_zeroes(BlockDriverState *bs, int64_t offset, int64_t bytes,
-                        BdrvRequestFlags flags)
-{
-    BDRVExtreeState *s = bs->opaque;
-    uint64_t bsz = s->block_size;
-    uint64_t pos = offset, end = offset + bytes;
-    uint64_t vsize = bs->total_sectors * BDRV_SECTOR_SIZE;
-    int ret = 0;
-
-    trace_extree_co_pwrite_zeroes_start(s, offset, bytes, flags);
-    while (pos < end && ret == 0) {
-        uint64_t aend = end >= vsize ? ROUND_UP(vsize, bsz)
-                                     : QEMU_ALIGN_DOWN(end, bsz);
-
-        if (QEMU_IS_ALIGNED(pos, bsz) && aend > pos) {
-            ret = extree_zero_blocks(s, pos, aend, flags);
-            pos = MIN(aend, end);
-        } else {
-            uint64_t n = MIN(end, QEMU_ALIGN_DOWN(pos, bsz) + bsz) - pos;
-            ret = extree_zero_partial(s, pos, n, flags);
-            pos += n;
-        }
-    }
-    trace_extree_co_pwrite_zeroes_done(s, offset, ret);
-    return ret;
-}
-
-/* ---- Truncate ---- */
-
-/*
- * Preallocate whole blocks [start, end), which are unallocated: allocate,
- * make the host space read as zeroes (@mode: metadata may leave holes,
- * falloc allocates, full writes zeroes), map as DATA.
- * Called with s->lock held; the I/O is done with it held (truncate is
- * rare, and nothing else may allocate meanwhile).
- */
-static int coroutine_fn GRAPH_RDLOCK
-extree_preallocate(BDRVExtreeState *s, uint64_t start, uint64_t end,
-                   PreallocMode mode, Error **errp)
-{
-    BlockDriverState *bs = s->bs;
-    int64_t file_len = bdrv_co_getlength(bs->file->bs);
-    uint64_t max_end = 0;
-    int ret = 0;
-
-    if (file_len < 0) {
-        error_setg_errno(errp, -file_len, "Could not get the file length");
-        return file_len;
-    }
-    while (start < end) {
-        uint64_t host, got, zlen;
-
-        ret = extree_alloc_data(s->t, start, end - start, &host, &got);
-        if (ret < 0) {
-            error_setg_errno(errp, -ret, "Could not allocate space");
-            return ret;
-        }
-        zlen = host < (uint64_t)file_len ? MIN(got, file_len - host) : 0;
-        if (zlen && mode == PREALLOC_MODE_FULL) {
-            size_t chunk = MIN(zlen, 1 * MiB);
-            void *buf = qemu_blockalign0(bs, chunk);
-            for (uint64_t o = 0; o < zlen && ret == 0; o += chunk) {
-                ret = bdrv_co_pwrite(bs->file, host + o, MIN(chunk, zlen - o),
-                                     buf, 0);
-            }
-            qemu_vfree(buf);
-        } else if (zlen) {
-            ret = bdrv_co_pwrite_zeroes(bs->file, host, zlen,
-                                        mode == PREALLOC_MODE_METADATA ?
-                                        BDRV_REQ_MAY_UNMAP : 0);
-        }
-        if (ret == 0) {
-            ret = extree_map_data(s->t, start, got, host);
-        }
-        if (ret < 0) {
-            extree_free_data(s->t, host, got);
-            error_setg_errno(errp, -ret, "Could not preallocate");
-            return ret;
-        }
-        max_end = MAX(max_end, host + got);
-        start += got;
-    }
-    if (max_end > (uint64_t)file_len) {
-        /* metadata: a sparse file that covers the data, like qcow2 */
-        s->file_len = -1;
-        ret = bdrv_co_truncate(bs->file, max_end, false,
-                               mode == PREALLOC_MODE_METADATA ?
-                               PREALLOC_MODE_OFF : mode, 0, errp);
-    }
-    return ret;
-}
-
-static int coroutine_fn GRAPH_RDLOCK
-extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
-                   PreallocMode prealloc, BdrvRequestFlags flags,
-                   Error **errp)
-{
-    BDRVExtreeState *s = bs->opaque;
-    uint64_t bsz = s->block_size;
-    uint64_t old;
-    int ret = 0;
-
-    if (offset % BDRV_SECTOR_SIZE) {
-        error_setg(errp, "The new size must be a multiple of 512");
-        return -EINVAL;
-    }
-    if ((uint64_t)offset > EXTREE_QEMU_MAX_SIZE) {
-        error_setg(errp, "The new size must be at most %" PRIu64 " bytes",
-                   EXTREE_QEMU_MAX_SIZE);
-        return -EINVAL;
-    }
-    if (prealloc != PREALLOC_MODE_OFF && prealloc != PREALLOC_MODE_METADATA &&
-        prealloc != PREALLOC_MODE_FALLOC && prealloc != PREALLOC_MODE_FULL) {
-        error_setg(errp, "Unsupported preallocation mode '%s'",
-                   PreallocMode_str(prealloc));
-        return -ENOTSUP;
-    }
-
-    ret = extree_enter(s);
-    if (ret < 0) {
-        error_setg_errno(errp, -ret, "Could not resize the image");
-        return ret;
-    }
-    old = extree_virtual_size(s->t);
-    trace_extree_co_truncate_start(s, old, offset, prealloc, flags);
-    if (offset < old) {
-        if (prealloc != PREALLOC_MODE_OFF) {
-            error_setg(errp, "Preallocation can't be used for shrinking an "
-                       "image");
-            ret = -EINVAL;
-            goto out;
-        }
-        extree_wait_alloc(s, QEMU_ALIGN_DOWN(offset, bsz), UINT64_MAX);
-        ret = extree_set_virtual_size(s->t, offset);
-        if (ret < 0) {
-            error_setg_errno(errp, -ret, "Could not shrink the image");
-            goto out;
-        }
-        qatomic_set(&s->virtual_size, offset);
-    } else if (offset > old) {
-        ret = extree_set_virtual_size(s->t, offset);
-        if (ret < 0) {
-            error_setg_errno(errp, -ret, "Could not grow the image");
-            goto out;
-        }
-        qatomic_set(&s->virtual_size, offset);
-
-        /*
-         * The rest of the old last block may hold old data (written before
-         * a shrink) or show the backing file: it must read as zeroes.
-         */
-        if (old % bsz) {
-            uint64_t len = MIN((uint64_t)offset, ROUND_UP(old, bsz)) - old;
-            ExtreeCursor cur;
-            ExtreeRun run;
-
-            extree_cursor_init(&cur, s->t);
-            ret = extree_cursor_query(&cur, old, len, EXTREE_COALESCE_HOST,
-                                      &run);
-            extree_cursor_release(&cur);
-            if (ret == 0 && run.type == EXTREE_RUN_DATA) {
-                ret = bdrv_co_pwrite_zeroes(bs->file, run.host, len, 0);
-            } else if (ret == 0 && run.type == EXTREE_RUN_UNALLOC &&
-                       (flags & BDRV_REQ_ZERO_WRITE)) {
-                QEMUIOVector qiov;
-                void *buf = qemu_blockalign0(bs, len);
-
-                extree_unlock(s);
-                qemu_iovec_init_buf(&qiov, buf, len);
-                ret = extree_pwritev(bs, old, len, &qiov, 0, true);
-                qemu_vfree(buf);
-                extree_lock(s);
-            }
-            if (ret < 0) {
-                error_setg_errno(errp, -ret, "Could not zero the old end of "
-                                 "the image");
-                goto out;
-            }
-        }
-
-        if (ROUND_UP(old, bsz) < ROUND_UP(offset, bsz)) {
-            uint64_t astart = ROUND_UP(old, bsz);
-            uint64_t aend = ROUND_UP(offset, bsz);
-            if (prealloc != PREALLOC_MODE_OFF) {
-                ret = extree_preallocate(s, astart, aend, prealloc, errp);
-            } else if (flags & BDRV_REQ_ZERO_WRITE) {
-                ret = extree_update_range(s, astart, aend, EXTREE_OP_ZERO);
-                if (ret < 0) {
-                    error_setg_errno(errp, -ret, "Could not zero the new "
-                                     "area");
-                }
-            }
-            if (ret < 0) {
-                goto out;
-            }
-        }
-    }
-
-    /* Rare and administrative: make the new size durable right away */
-    ret = extree_commit_locked(s);
-    if (ret < 0) {
-        error_setg_errno(errp, -ret, "Could not commit extree metadata");
-    }
-out:
-    extree_leave(s);
-    trace_extree_co_truncate_done(s, offset, ret);
-    return ret;
-}
-
-static int64_t coroutine_fn GRAPH_RDLOCK
-extree_co_getlength(BlockDriverState *bs)
-{
-    BDRVExtreeState *s = bs->opaque;
-
-    return qatomic_read(&s->virtual_size);
-}
-
-/*
- * qemu-img commit (and the commit block job) empty the top image after
- * committing it down: everything unallocated, space freed, committed.
- * Called with s->lock held.
- */
-static int coroutine_fn GRAPH_RDLOCK
-extree_make_empty_locked(BDRVExtreeState *s)
-{
-    uint64_t end = ROUND_UP(extree_virtual_size(s->t), s->block_size);
-    int ret;
-
-    if (s->core_read_only) {
-        return -EACCES;
-    }
-    if (!end) {
-        return 0;
-    }
-    ret = extree_update_range(s, 0, end, EXTREE_OP_PUNCH);
-    if (ret == 0) {
-        ret = extree_commit_locked(s);
-    }
-    return ret;
-}
-
 static int GRAPH_RDLOCK extree_make_empty(BlockDriverState *bs)
 {
-    return extree_call_locked(bs, extree_make_empty_locked);
-}
-
-/* ---- Block status ---- */
-
-/*
- * At most one descent per query: s->status_cursor continues on its leaf
- * when a query starts where the last one ended (qemu-img map, mirror,
- * convert all walk forward).
- *
- * want_zero: runs that read alike (host-contiguous DATA, ZERO, unallocated)
- * with the host offset.  !want_zero (is_allocated): every adjacent
- * allocated extent in one answer, like SEEK_HOLE; no host offset then.
- */
-static int coroutine_fn GRAPH_RDLOCK
-extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
-                       int64_t bytes, int64_t *pnum, int64_t *map,
-                       BlockDriverState **file)
-{
-    BDRVExtreeState *s = bs->opaque;
-    ExtreeRun run;
-    int ret;
-
-    ret = extree_enter(s);
-    if (ret < 0) {
-        return ret;
-    }
-    ret = extree_cursor_query(&s->status_cursor, offset, bytes,
-                              want_zero ? EXTREE_COALESCE_HOST
-                                        : EXTREE_COALESCE_ALLOC, &run);
-    extree_leave(s);
-    if (ret < 0) {
-        return ret;
-    }
-    trace_extree_co_block_status(s, want_zero, offset, bytes, run.type,
-                                 run.length, run.host);
-
-    *pnum = run.length;
-    switch (run.type) {
-    case EXTREE_RUN_DATA:
-        if (!want_zero) {
-            return BDRV_BLOCK_DATA;
-        }
-        *map = run.host;
-        *file = bs->file->bs;
-        return BDRV_BLOCK_DATA | BDRV_BLOCK_OFFSET_VALID;
-    case EXTREE_RUN_ZERO:
-        /* Allocated in this layer; !want_zero may span DATA too */
-        return want_zero ? BDRV_BLOCK_ZERO : BDRV_BLOCK_DATA;
-    default:
-        return 0;
-    }
+    return extree_call_locked(bs, xt_make_empty_locked);
 }
 
 /* ---- Check ---- */
@@ -2199,12 +710,12 @@ extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
     int ret;
 
     trace_extree_co_check_start(s, fix);
-    ret = extree_enter(s);
+    ret = xt_enter(s);
     if (ret < 0) {
         result->check_errors++;
         return ret;
     }
-    ret = extree_commit_locked(s);
+    ret = xt_commit_locked(s);
     if (ret < 0) {
         result->check_errors++;
         goto out;
@@ -2248,7 +759,7 @@ extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
 out:
     /* The checker reports damage itself; don't mark on its behalf */
     s->corrupt_pending = false;
-    extree_leave(s);
+    xt_leave(s);
     trace_extree_co_check_done(s, result->corruptions, result->leaks, ret);
     return ret;
 }
@@ -2312,16 +823,16 @@ extree_co_change_backing_file(BlockDriverState *bs, const char *backing_file,
     if (backing_fmt && strlen(backing_fmt) > EXTREE_BACKING_FMT_MAX) {
         return -EINVAL;
     }
-    ret = extree_enter(s);
+    ret = xt_enter(s);
     if (ret < 0) {
         return ret;
     }
     ret = extree_set_backing(s->t, backing_file, backing_file ? backing_fmt
                                                               : NULL);
     if (ret == 0) {
-        ret = extree_commit_locked(s);
+        ret = xt_commit_locked(s);
     }
-    extree_leave(s);
+    xt_leave(s);
     if (ret < 0) {
         return ret;
     }
@@ -2460,7 +971,7 @@ extree_co_create(BlockdevCreateOptions *opts, Error **errp)
         .backing_file = xo->backing_file,
         .backing_fmt = backing_fmt,
     };
-    be.ops = &extree_blk_backend_ops;
+    be.ops = &xt_blk_backend_ops;
     be.opaque = blk;
     ret = extree_create(&be, &params, &msg);
     if (ret < 0) {

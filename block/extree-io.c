@@ -1,0 +1,1082 @@
+/*
+ * extree: QEMU driver, guest I/O and commits
+ *
+ * Requests and s->lock, the commit gate and commits, the corruption
+ * helper, then the guest data path: reads, writes (allocating writes
+ * read-modify-write their first and last block), flush, discard, write
+ * zeroes, truncate and block status.  Every call into the core (extree_*)
+ * is made with s->lock held; the data I/O is done without it:
+ *
+ *   guest request
+ *     -> lock: look up (or allocate) the host ranges with a cursor
+ *     -> unlock: data I/O on bs->file, bs->backing or zeroes
+ *     -> lock: map newly allocated ranges
+ *
+ * Calls extree-file.c (grow-ahead), never extree.c.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "qemu/osdep.h"
+#include "block/block.h"
+#include "block/block_int.h"
+#include "qapi/error.h"
+#include "qapi/qapi-events-block-core.h"
+#include "qemu/coroutine.h"
+#include "qemu/error-report.h"
+#include "qemu/memalign.h"
+#include "qemu/timer.h"
+#include "qemu/units.h"
+#include "trace/trace-block_extree.h"
+
+#include "extree-qemu.h"
+
+/* Runs looked up per lock hold on the read path */
+#define EXTREE_READ_BATCH               16
+
+/* ---- Corruption ---- */
+
+/*
+ * Called by the core, from inside the call that found the damage (which
+ * then fails with -EIO).  Only records it: marking the image corrupt
+ * writes a superblock, which must wait until the core call has returned.
+ */
+void xt_corrupt_cb(void *opaque, uint64_t offset, const char *msg)
+{
+    BDRVExtreeState *s = opaque;
+
+    if (!s->corrupt_pending) {
+        s->corrupt_pending = true;
+        s->corrupt_offset = offset;
+        g_free(s->corrupt_msg);
+        s->corrupt_msg = g_strdup(msg);
+    }
+}
+
+/*
+ * The one corruption helper, in the spirit of qcow2_signal_corruption():
+ * logs the damaged structure and its offset, sends BLOCK_IMAGE_CORRUPTED
+ * and, if the image is writable, sets the corrupt bit in a new superblock
+ * (the core refuses updates from then on; reads go on).  The request that
+ * hit the damage has already failed with -EIO.
+ *
+ * Called with s->lock held, or with no request in flight.
+ */
+static void coroutine_mixed_fn extree_handle_corruption(BDRVExtreeState *s)
+{
+    BlockDriverState *bs = s->bs;
+    const char *node_name;
+    bool fatal;
+    int ret;
+
+    if (!s->corrupt_pending) {
+        return;
+    }
+    s->corrupt_pending = false;
+    fatal = s->t && !s->core_read_only && !s->inactive &&
+            !(extree_incompat_features(s->t) & EXTREE_INCOMPAT_CORRUPT);
+    trace_extree_corruption(s, s->corrupt_offset, fatal);
+
+    if (!s->signaled_corruption || fatal) {
+        if (fatal) {
+            error_report("extree: Marking image as corrupt: %s; further "
+                         "corruption events will be suppressed",
+                         s->corrupt_msg);
+        } else {
+            error_report("extree: Image is corrupt: %s; further non-fatal "
+                         "corruption events will be suppressed",
+                         s->corrupt_msg);
+        }
+        node_name = bdrv_get_node_name(bs);
+        qapi_event_send_block_image_corrupted(bdrv_get_device_name(bs),
+                                              *node_name ? node_name : NULL,
+                                              s->corrupt_msg, true,
+                                              s->corrupt_offset, false, 0,
+                                              fatal);
+        s->signaled_corruption = true;
+    }
+    if (fatal) {
+        ret = extree_mark_corrupt(s->t);
+        if (ret < 0) {
+            error_report("extree: Could not mark the image corrupt: %s",
+                         strerror(-ret));
+        }
+    }
+}
+
+/* ---- Lock, commit gate, commits ---- */
+
+void coroutine_fn xt_unlock(BDRVExtreeState *s)
+{
+    if (unlikely(s->corrupt_pending)) {
+        extree_handle_corruption(s);
+    }
+    qemu_co_mutex_unlock(&s->lock);
+}
+
+/*
+ * Start a request: take s->lock and count the request (see
+ * BDRVExtreeState.requests).  -ENOMEDIUM, with the lock not held, if
+ * there is no core handle (a failed invalidation).  @nested: called from
+ * a request that is counted already (which holds invalidation back, so
+ * waiting for it would deadlock).
+ */
+static int coroutine_fn extree_enter_nested(BDRVExtreeState *s, bool nested)
+{
+    xt_lock(s);
+    while (s->replacing && !nested) {
+        xt_queue_wait(s, &s->replace_queue);
+    }
+    if (!s->t) {
+        qemu_co_mutex_unlock(&s->lock);
+        return -ENOMEDIUM;
+    }
+    s->requests++;
+    return 0;
+}
+
+int coroutine_fn xt_enter(BDRVExtreeState *s)
+{
+    return extree_enter_nested(s, false);
+}
+
+/* End a request started by xt_enter(); drops s->lock */
+void coroutine_fn xt_leave(BDRVExtreeState *s)
+{
+    assert(s->requests > 0);
+    if (--s->requests == 0 && s->replacing) {
+        qemu_co_queue_restart_all(&s->idle_queue);
+    }
+    xt_unlock(s);
+}
+
+/*
+ * Count a request that is about to look up host ranges for data I/O.
+ * Called with s->lock held; waits (dropping it) while a commit is pending.
+ */
+static void coroutine_fn extree_io_begin(BDRVExtreeState *s)
+{
+    while (s->commit_waiting) {
+        xt_queue_wait(s, &s->io_queue);
+    }
+    s->io_inflight++;
+}
+
+/* Called with s->lock held */
+static void coroutine_fn extree_io_end(BDRVExtreeState *s)
+{
+    assert(s->io_inflight > 0);
+    if (--s->io_inflight == 0 && s->commit_waiting) {
+        qemu_co_queue_restart_all(&s->commit_queue);
+    }
+}
+
+/* Called with s->lock held */
+static ExtreeAllocReq *extree_find_alloc(BDRVExtreeState *s, uint64_t start,
+                                         uint64_t end)
+{
+    ExtreeAllocReq *req;
+
+    QLIST_FOREACH(req, &s->alloc_reqs, next) {
+        if (req->start < end && start < req->end) {
+            return req;
+        }
+    }
+    return NULL;
+}
+
+/*
+ * Wait until no allocating write overlaps guest [start, end).  Called with
+ * s->lock held; drops it while waiting.  Returns true if it waited (the
+ * caller's view of the mapping is stale then).
+ */
+static bool coroutine_fn extree_wait_alloc(BDRVExtreeState *s, uint64_t start,
+                                           uint64_t end)
+{
+    ExtreeAllocReq *other;
+    bool waited = false;
+
+    while ((other = extree_find_alloc(s, start, end))) {
+        trace_extree_alloc_wait(s, start, end);
+        xt_queue_wait(s, &other->waiters);
+        waited = true;
+    }
+    return waited;
+}
+
+/*
+ * Commit, with no request in flight: open, close, reopen, inactivate (the
+ * node is drained there).
+ */
+int coroutine_mixed_fn GRAPH_RDLOCK
+xt_commit_now(BDRVExtreeState *s)
+{
+    int ret;
+
+    if (!s->t || s->core_read_only || !extree_is_dirty(s->t)) {
+        return 0;
+    }
+    assert(s->io_inflight == 0);
+    trace_extree_commit_start(s, extree_generation(s->t) + 1, 0);
+    ret = extree_commit(s->t);
+    extree_handle_corruption(s);
+    trace_extree_commit_done(s, extree_generation(s->t), ret);
+    return ret;
+}
+
+/*
+ * Commit the transaction: waits until no request is between its lookup and
+ * the end of its data I/O, holding new ones back meanwhile.
+ * Called with s->lock held; may drop and retake it.
+ */
+int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s)
+{
+    int ret;
+
+    if (s->core_read_only || !extree_is_dirty(s->t)) {
+        return 0;
+    }
+    trace_extree_commit_start(s, extree_generation(s->t) + 1,
+                              s->io_inflight);
+    s->commit_waiting++;
+    while (s->io_inflight > 0) {
+        xt_queue_wait(s, &s->commit_queue);
+    }
+    /* the free-space tree's nodes are allocated now */
+    xt_grow_before(s, 0);
+    ret = extree_commit(s->t);
+    if (--s->commit_waiting == 0) {
+        qemu_co_queue_restart_all(&s->io_queue);
+    }
+    trace_extree_commit_done(s, extree_generation(s->t), ret);
+    if (s->commit_timer && !extree_is_dirty(s->t)) {
+        timer_del(s->commit_timer);
+    }
+    return ret;
+}
+
+/*
+ * After a request changed the tree: commit if too much metadata is dirty,
+ * else make sure the commit timer runs.  Called with s->lock held, after
+ * the request's own extree_io_end().
+ */
+static void coroutine_fn GRAPH_RDLOCK extree_update_done(BDRVExtreeState *s)
+{
+    ExtreeStats st;
+
+    if (s->core_read_only || !extree_is_dirty(s->t)) {
+        return;
+    }
+    extree_stats(s->t, &st);
+    if (st.dirty_nodes * s->node_size >= s->dirty_limit) {
+        /* A failure is reported by the next flush, which retries */
+        xt_commit_locked(s);
+        return;
+    }
+    if (s->commit_timer && s->commit_interval &&
+        !timer_pending(s->commit_timer)) {
+        timer_mod(s->commit_timer, qemu_clock_get_ms(QEMU_CLOCK_REALTIME) +
+                  s->commit_interval * 1000);
+    }
+}
+
+/* ---- Reads ---- */
+
+/*
+ * What guest [@guest, @guest + @bytes) reads as in a run of @type that is
+ * not DATA: the backing chain for UNALLOC (zeroes past its end or without
+ * one), zeroes for ZERO.  Called without s->lock.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+extree_read_unmapped(BDRVExtreeState *s, ExtreeRunType type, uint64_t guest,
+                     uint64_t bytes, QEMUIOVector *qiov, size_t qiov_offset)
+{
+    if (type == EXTREE_RUN_UNALLOC && s->bs->backing) {
+        return bdrv_co_preadv_part(s->bs->backing, guest, bytes, qiov,
+                                   qiov_offset, 0);
+    }
+    qemu_iovec_memset(qiov, qiov_offset, 0, bytes);
+    return 0;
+}
+
+/*
+ * One lookup of up to EXTREE_READ_BATCH runs with the request's cursor,
+ * then their I/O without the lock.  DATA runs are host-contiguous pieces
+ * already merged by the cursor (EXTREE_COALESCE_HOST): one host read each.
+ */
+int coroutine_fn GRAPH_RDLOCK
+extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                      QEMUIOVector *qiov, size_t qiov_offset,
+                      BdrvRequestFlags flags)
+{
+    BDRVExtreeState *s = bs->opaque;
+    ExtreeRun runs[EXTREE_READ_BATCH];
+    ExtreeCursor cur;
+    int ret = 0;
+
+    trace_extree_co_preadv_start(s, offset, bytes);
+    ret = xt_enter(s);
+    if (ret < 0) {
+        return ret;
+    }
+    extree_cursor_init(&cur, s->t);
+    while (bytes > 0) {
+        uint64_t pos = offset, left = bytes;
+        int nr = 0;
+
+        extree_io_begin(s);
+        while (nr < EXTREE_READ_BATCH && left > 0) {
+            ret = extree_cursor_query(&cur, pos, left, EXTREE_COALESCE_HOST,
+                                      &runs[nr]);
+            if (ret < 0) {
+                break;
+            }
+            pos += runs[nr].length;
+            left -= runs[nr].length;
+            nr++;
+        }
+        if (ret < 0) {
+            extree_io_end(s);
+            break;
+        }
+        qemu_co_mutex_unlock(&s->lock);
+
+        for (int i = 0; i < nr && ret >= 0; i++) {
+            ExtreeRun *run = &runs[i];
+            size_t qoff = qiov_offset + (run->guest - offset);
+
+            trace_extree_read_run(s, run->guest, run->length, run->type,
+                                  run->host);
+            if (run->type == EXTREE_RUN_DATA) {
+                BLKDBG_CO_EVENT(bs->file, BLKDBG_READ_AIO);
+                ret = bdrv_co_preadv_part(bs->file, run->host, run->length,
+                                          qiov, qoff, 0);
+            } else {
+                ret = extree_read_unmapped(s, run->type, run->guest,
+                                           run->length, qiov, qoff);
+            }
+        }
+
+        xt_lock(s);
+        extree_io_end(s);
+        if (ret < 0) {
+            break;
+        }
+        qiov_offset += pos - offset;
+        offset = pos;
+        bytes = left;
+    }
+    extree_cursor_release(&cur);
+    xt_leave(s);
+    trace_extree_co_preadv_done(s, offset, ret);
+    return ret < 0 ? ret : 0;
+}
+
+/* ---- Writes ---- */
+
+/*
+ * Fill @buf (@bytes) with what guest [@guest, @guest + @bytes) reads as now,
+ * for a run of @type that is not DATA; bytes past @vsize read as zeroes.
+ * Called without s->lock.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+extree_read_old(BDRVExtreeState *s, ExtreeRunType type, uint64_t guest,
+                uint64_t bytes, uint64_t vsize, uint8_t *buf)
+{
+    memset(buf, 0, bytes);
+    if (type == EXTREE_RUN_UNALLOC && s->bs->backing && guest < vsize) {
+        return bdrv_co_pread(s->bs->backing, guest, MIN(bytes, vsize - guest),
+                             buf, 0);
+    }
+    return 0;
+}
+
+/*
+ * The allocating part of a write: guest [@offset, @offset + @n) lies in
+ * @run, which is UNALLOC or ZERO.  Allocates host space for the blocks it
+ * touches, writes the guest data there together with the rest of its first
+ * and last block (read-modify-write: backing file or zeroes), then maps the
+ * blocks.  *@done is the part of the request written (the allocation may
+ * have been shorter).
+ *
+ * Called with s->lock held and the request counted (extree_io_begin());
+ * returns with s->lock held and the count dropped.  -EAGAIN: it waited for
+ * an overlapping allocating write, look the mapping up again.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+extree_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
+                   uint64_t n, QEMUIOVector *qiov, size_t qiov_offset,
+                   uint64_t *done)
+{
+    BlockDriverState *bs = s->bs;
+    uint64_t bsz = s->block_size;
+    uint64_t vsize = extree_virtual_size(s->t);
+    uint64_t start = QEMU_ALIGN_DOWN(offset, bsz);
+    uint64_t end = ROUND_UP(offset + n, bsz);
+    uint64_t host, got, head, wlen, tail, pend;
+    uint8_t *head_buf = NULL, *tail_buf = NULL;
+    ExtreeAllocReq req;
+    QEMUIOVector hd_qiov;
+    int ret;
+
+    if (extree_find_alloc(s, start, end)) {
+        extree_io_end(s);
+        extree_wait_alloc(s, start, end);
+        return -EAGAIN;
+    }
+
+    xt_grow_before(s, end - start);
+    ret = extree_alloc_data(s->t, start, end - start, &host, &got);
+    if (ret < 0) {
+        extree_io_end(s);
+        return ret;
+    }
+    xt_grow_file(s, host + got);
+    pend = start + got;
+    req.start = start;
+    req.end = pend;
+    qemu_co_queue_init(&req.waiters);
+    QLIST_INSERT_HEAD(&s->alloc_reqs, &req, next);
+    qemu_co_mutex_unlock(&s->lock);
+
+    head = offset - start;
+    wlen = MIN(offset + n, pend) - offset;
+    tail = pend - (offset + wlen);
+    trace_extree_alloc_write_start(s, start, pend, host, wlen);
+
+    qemu_iovec_init(&hd_qiov, qiov->niov + 2);
+    if (head) {
+        head_buf = qemu_blockalign(bs, head);
+        ret = extree_read_old(s, run->type, start, head, vsize, head_buf);
+        qemu_iovec_add(&hd_qiov, head_buf, head);
+    }
+    if (ret == 0) {
+        qemu_iovec_concat(&hd_qiov, qiov, qiov_offset, wlen);
+    }
+    if (ret == 0 && tail) {
+        tail_buf = qemu_blockalign(bs, tail);
+        ret = extree_read_old(s, run->type, offset + wlen, tail, vsize,
+                              tail_buf);
+        qemu_iovec_add(&hd_qiov, tail_buf, tail);
+    }
+    if (ret == 0) {
+        BLKDBG_CO_EVENT(bs->file, BLKDBG_WRITE_AIO);
+        ret = bdrv_co_pwritev(bs->file, host, got, &hd_qiov, 0);
+    }
+    qemu_iovec_destroy(&hd_qiov);
+    qemu_vfree(head_buf);
+    qemu_vfree(tail_buf);
+
+    xt_lock(s);
+    if (ret == 0) {
+        /* The data is written: now the mapping may reach a commit */
+        ret = extree_map_data(s->t, start, got, host);
+    }
+    if (ret < 0) {
+        extree_free_data(s->t, host, got);
+    }
+    QLIST_REMOVE(&req, next);
+    qemu_co_queue_restart_all(&req.waiters);
+    extree_io_end(s);
+    trace_extree_alloc_write_done(s, start, host, ret);
+    *done = wlen;
+    return ret;
+}
+
+/* @nested: see extree_enter_nested() */
+static int coroutine_fn GRAPH_RDLOCK
+extree_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
+               QEMUIOVector *qiov, size_t qiov_offset, bool nested)
+{
+    BDRVExtreeState *s = bs->opaque;
+    bool committed = false;
+    ExtreeCursor cur;
+    int ret = 0;
+
+    trace_extree_co_pwritev_start(s, offset, bytes);
+    ret = extree_enter_nested(s, nested);
+    if (ret < 0) {
+        return ret;
+    }
+    extree_cursor_init(&cur, s->t);
+    while (bytes > 0) {
+        ExtreeRun run;
+        uint64_t n;
+
+        extree_io_begin(s);
+        ret = extree_cursor_query(&cur, offset, bytes, EXTREE_COALESCE_HOST,
+                                  &run);
+        if (ret < 0) {
+            extree_io_end(s);
+            break;
+        }
+        n = run.length;
+        if (run.type == EXTREE_RUN_DATA) {
+            /* Data in place: no metadata change */
+            qemu_co_mutex_unlock(&s->lock);
+            trace_extree_write_in_place(s, offset, n, run.host);
+            BLKDBG_CO_EVENT(bs->file, BLKDBG_WRITE_AIO);
+            ret = bdrv_co_pwritev_part(bs->file, run.host, n, qiov,
+                                       qiov_offset, 0);
+            xt_lock(s);
+            extree_io_end(s);
+        } else {
+            ret = extree_alloc_write(s, &run, offset, n, qiov, qiov_offset,
+                                     &n);
+            if (ret == -EAGAIN) {
+                continue;
+            }
+            if (ret == -ENOSPC && !committed && extree_is_dirty(s->t)) {
+                /*
+                 * A full node of fixed size: space freed in this
+                 * transaction (a discard) is reusable once committed
+                 */
+                committed = true;
+                if (xt_commit_locked(s) == 0) {
+                    continue;
+                }
+                ret = -ENOSPC;
+            }
+        }
+        if (ret < 0) {
+            break;
+        }
+        offset += n;
+        bytes -= n;
+        qiov_offset += n;
+    }
+    extree_cursor_release(&cur);
+    extree_update_done(s);
+    xt_leave(s);
+    trace_extree_co_pwritev_done(s, offset, ret);
+    return ret < 0 ? ret : 0;
+}
+
+int coroutine_fn GRAPH_RDLOCK
+extree_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                       QEMUIOVector *qiov, size_t qiov_offset,
+                       BdrvRequestFlags flags)
+{
+    return extree_pwritev(bs, offset, bytes, qiov, qiov_offset, false);
+}
+
+/* ---- Flush ---- */
+
+int coroutine_fn GRAPH_RDLOCK extree_co_flush_to_os(BlockDriverState *bs)
+{
+    BDRVExtreeState *s = bs->opaque;
+    int ret;
+
+    if (s->inactive) {
+        return 0;
+    }
+    ret = xt_enter(s);
+    if (ret == 0) {
+        ret = xt_commit_locked(s);
+        xt_leave(s);
+    }
+    return ret;
+}
+
+/* ---- Metadata-only range updates: discard, zeroes, truncate ---- */
+
+typedef enum ExtreeRangeOp {
+    EXTREE_OP_PUNCH,        /* unallocated: the backing chain shows */
+    EXTREE_OP_ZERO,         /* a ZERO extent */
+} ExtreeRangeOp;
+
+/*
+ * Make block-aligned guest [start, end) unallocated or a ZERO extent,
+ * freeing its DATA space.  Waits for allocating writes into the range
+ * first.  Called with s->lock held; may drop and retake it.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+extree_update_range(BDRVExtreeState *s, uint64_t start, uint64_t end,
+                    ExtreeRangeOp op)
+{
+    assert(QEMU_IS_ALIGNED(start | end, s->block_size) && start < end);
+    trace_extree_update_range(s, start, end, op);
+    extree_wait_alloc(s, start, end);
+    xt_grow_before(s, 0);
+    if (op == EXTREE_OP_ZERO) {
+        return extree_set_zero(s->t, start, end - start);
+    }
+    return extree_punch(s->t, start, end - start);
+}
+
+/*
+ * Discard whole blocks (partial blocks are ignored, except the partial
+ * block at the end of the disk when the request reaches the end).  The
+ * range becomes unallocated, or, when a backing file would show through,
+ * a ZERO extent (like qcow2); its space is freed.
+ */
+int coroutine_fn GRAPH_RDLOCK
+extree_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes)
+{
+    BDRVExtreeState *s = bs->opaque;
+    uint64_t bsz = s->block_size;
+    uint64_t start, end;
+    int ret;
+
+    trace_extree_co_pdiscard_start(s, offset, bytes);
+    ret = xt_enter(s);
+    if (ret < 0) {
+        return ret;
+    }
+    start = ROUND_UP(offset, bsz);
+    if (offset + bytes >= extree_virtual_size(s->t)) {
+        end = ROUND_UP(extree_virtual_size(s->t), bsz);
+    } else {
+        end = QEMU_ALIGN_DOWN(offset + bytes, bsz);
+    }
+    if (start >= end) {
+        ret = -ENOTSUP;
+    } else {
+        ret = extree_update_range(s, start, end, bs->backing ?
+                                  EXTREE_OP_ZERO : EXTREE_OP_PUNCH);
+        extree_update_done(s);
+    }
+    xt_leave(s);
+    trace_extree_co_pdiscard_done(s, offset, ret);
+    return ret;
+}
+
+/*
+ * Zero part of one block: guest [offset, offset + bytes) within a single
+ * block, not the whole of it.  DATA: zero in place in the host file.
+ * ZERO: nothing to do.  Unallocated without a backing file: the block
+ * reads as zeroes, make it a ZERO extent.  Unallocated with one: write a
+ * buffer of zeroes (read-modify-write of the block), unless the caller
+ * forbids that fallback.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+extree_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
+                    BdrvRequestFlags flags)
+{
+    BlockDriverState *bs = s->bs;
+    uint64_t bsz = s->block_size;
+    uint64_t bstart = QEMU_ALIGN_DOWN(offset, bsz);
+    ExtreeCursor cur;
+    ExtreeRun run;
+    int ret;
+
+    ret = xt_enter(s);
+    if (ret < 0) {
+        return ret;
+    }
+    for (;;) {
+        extree_io_begin(s);
+        extree_cursor_init(&cur, s->t);
+        ret = extree_cursor_query(&cur, offset, bytes, EXTREE_COALESCE_HOST,
+                                  &run);
+        extree_cursor_release(&cur);
+        if (ret < 0 || run.type != EXTREE_RUN_UNALLOC ||
+            !extree_find_alloc(s, bstart, bstart + bsz)) {
+            break;
+        }
+        /* The block is being allocated: wait and look again */
+        extree_io_end(s);
+        extree_wait_alloc(s, bstart, bstart + bsz);
+    }
+    if (ret < 0) {
+        extree_io_end(s);
+        goto out;
+    }
+
+    switch (run.type) {
+    case EXTREE_RUN_DATA:
+        qemu_co_mutex_unlock(&s->lock);
+        ret = bdrv_co_pwrite_zeroes(bs->file, run.host, bytes,
+                                    flags & BDRV_REQ_NO_FALLBACK);
+        xt_lock(s);
+        extree_io_end(s);
+        break;
+    case EXTREE_RUN_ZERO:
+        extree_io_end(s);
+        break;
+    case EXTREE_RUN_UNALLOC:
+        extree_io_end(s);
+        if (!bs->backing) {
+            ret = extree_update_range(s, bstart, bstart + bsz,
+                                      EXTREE_OP_ZERO);
+            extree_update_done(s);
+        } else if (flags & BDRV_REQ_NO_FALLBACK) {
+            ret = -ENOTSUP;
+        } else {
+            QEMUIOVector qiov;
+            void *buf = qemu_blockalign0(bs, bytes);
+
+            xt_leave(s);
+            qemu_iovec_init_buf(&qiov, buf, bytes);
+            ret = extree_pwritev(bs, offset, bytes, &qiov, 0, false);
+            qemu_vfree(buf);
+            return ret;
+        }
+        break;
+    }
+out:
+    xt_leave(s);
+    return ret;
+}
+
+/*
+ * Zero whole blocks [start, end) (end may be the rounded-up end of the
+ * disk).  With BDRV_REQ_MAY_UNMAP: one ZERO extent, DATA space freed.
+ * Without: DATA keeps its space and is zeroed in place; the rest becomes
+ * ZERO extents.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+extree_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
+                   BdrvRequestFlags flags)
+{
+    BlockDriverState *bs = s->bs;
+    uint64_t bsz = s->block_size;
+    ExtreeCursor cur;
+    int ret;
+
+    ret = xt_enter(s);
+    if (ret < 0) {
+        return ret;
+    }
+    if (flags & BDRV_REQ_MAY_UNMAP) {
+        ret = extree_update_range(s, start, end, EXTREE_OP_ZERO);
+        goto out;
+    }
+
+    extree_cursor_init(&cur, s->t);
+    while (start < end) {
+        uint64_t vsize = extree_virtual_size(s->t);
+        ExtreeRun run;
+
+        if (start >= vsize) {
+            break;
+        }
+        extree_io_begin(s);
+        ret = extree_cursor_query(&cur, start, MIN(end, vsize) - start,
+                                  EXTREE_COALESCE_HOST, &run);
+        if (ret < 0) {
+            extree_io_end(s);
+            break;
+        }
+        if (run.type == EXTREE_RUN_DATA) {
+            qemu_co_mutex_unlock(&s->lock);
+            ret = bdrv_co_pwrite_zeroes(bs->file, run.host,
+                                        ROUND_UP(run.length, bsz),
+                                        flags & BDRV_REQ_NO_FALLBACK);
+            xt_lock(s);
+            extree_io_end(s);
+        } else {
+            extree_io_end(s);
+            if (run.type == EXTREE_RUN_UNALLOC) {
+                ret = extree_update_range(s, start,
+                                          ROUND_UP(start + run.length, bsz),
+                                          EXTREE_OP_ZERO);
+            }
+        }
+        if (ret < 0) {
+            break;
+        }
+        start = ROUND_UP(start + run.length, bsz);
+    }
+    extree_cursor_release(&cur);
+out:
+    extree_update_done(s);
+    xt_leave(s);
+    return ret;
+}
+
+int coroutine_fn GRAPH_RDLOCK
+extree_co_pwrite_zeroes(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                        BdrvRequestFlags flags)
+{
+    BDRVExtreeState *s = bs->opaque;
+    uint64_t bsz = s->block_size;
+    uint64_t pos = offset, end = offset + bytes;
+    uint64_t vsize = bs->total_sectors * BDRV_SECTOR_SIZE;
+    int ret = 0;
+
+    trace_extree_co_pwrite_zeroes_start(s, offset, bytes, flags);
+    while (pos < end && ret == 0) {
+        uint64_t aend = end >= vsize ? ROUND_UP(vsize, bsz)
+                                     : QEMU_ALIGN_DOWN(end, bsz);
+
+        if (QEMU_IS_ALIGNED(pos, bsz) && aend > pos) {
+            ret = extree_zero_blocks(s, pos, aend, flags);
+            pos = MIN(aend, end);
+        } else {
+            uint64_t n = MIN(end, QEMU_ALIGN_DOWN(pos, bsz) + bsz) - pos;
+            ret = extree_zero_partial(s, pos, n, flags);
+            pos += n;
+        }
+    }
+    trace_extree_co_pwrite_zeroes_done(s, offset, ret);
+    return ret;
+}
+
+/* ---- Truncate ---- */
+
+/*
+ * Preallocate whole blocks [start, end), which are unallocated: allocate,
+ * make the host space read as zeroes (@mode: metadata may leave holes,
+ * falloc allocates, full writes zeroes), map as DATA.
+ * Called with s->lock held; the I/O is done with it held (truncate is
+ * rare, and nothing else may allocate meanwhile).
+ */
+static int coroutine_fn GRAPH_RDLOCK
+extree_preallocate(BDRVExtreeState *s, uint64_t start, uint64_t end,
+                   PreallocMode mode, Error **errp)
+{
+    BlockDriverState *bs = s->bs;
+    int64_t file_len = bdrv_co_getlength(bs->file->bs);
+    uint64_t max_end = 0;
+    int ret = 0;
+
+    if (file_len < 0) {
+        error_setg_errno(errp, -file_len, "Could not get the file length");
+        return file_len;
+    }
+    while (start < end) {
+        uint64_t host, got, zlen;
+
+        ret = extree_alloc_data(s->t, start, end - start, &host, &got);
+        if (ret < 0) {
+            error_setg_errno(errp, -ret, "Could not allocate space");
+            return ret;
+        }
+        zlen = host < (uint64_t)file_len ? MIN(got, file_len - host) : 0;
+        if (zlen && mode == PREALLOC_MODE_FULL) {
+            size_t chunk = MIN(zlen, 1 * MiB);
+            void *buf = qemu_blockalign0(bs, chunk);
+            for (uint64_t o = 0; o < zlen && ret == 0; o += chunk) {
+                ret = bdrv_co_pwrite(bs->file, host + o, MIN(chunk, zlen - o),
+                                     buf, 0);
+            }
+            qemu_vfree(buf);
+        } else if (zlen) {
+            ret = bdrv_co_pwrite_zeroes(bs->file, host, zlen,
+                                        mode == PREALLOC_MODE_METADATA ?
+                                        BDRV_REQ_MAY_UNMAP : 0);
+        }
+        if (ret == 0) {
+            ret = extree_map_data(s->t, start, got, host);
+        }
+        if (ret < 0) {
+            extree_free_data(s->t, host, got);
+            error_setg_errno(errp, -ret, "Could not preallocate");
+            return ret;
+        }
+        max_end = MAX(max_end, host + got);
+        start += got;
+    }
+    if (max_end > (uint64_t)file_len) {
+        /* metadata: a sparse file that covers the data, like qcow2 */
+        s->file_len = -1;
+        ret = bdrv_co_truncate(bs->file, max_end, false,
+                               mode == PREALLOC_MODE_METADATA ?
+                               PREALLOC_MODE_OFF : mode, 0, errp);
+    }
+    return ret;
+}
+
+int coroutine_fn GRAPH_RDLOCK
+extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
+                   PreallocMode prealloc, BdrvRequestFlags flags,
+                   Error **errp)
+{
+    BDRVExtreeState *s = bs->opaque;
+    uint64_t bsz = s->block_size;
+    uint64_t old;
+    int ret = 0;
+
+    if (offset % BDRV_SECTOR_SIZE) {
+        error_setg(errp, "The new size must be a multiple of 512");
+        return -EINVAL;
+    }
+    if ((uint64_t)offset > EXTREE_QEMU_MAX_SIZE) {
+        error_setg(errp, "The new size must be at most %" PRIu64 " bytes",
+                   EXTREE_QEMU_MAX_SIZE);
+        return -EINVAL;
+    }
+    if (prealloc != PREALLOC_MODE_OFF && prealloc != PREALLOC_MODE_METADATA &&
+        prealloc != PREALLOC_MODE_FALLOC && prealloc != PREALLOC_MODE_FULL) {
+        error_setg(errp, "Unsupported preallocation mode '%s'",
+                   PreallocMode_str(prealloc));
+        return -ENOTSUP;
+    }
+
+    ret = xt_enter(s);
+    if (ret < 0) {
+        error_setg_errno(errp, -ret, "Could not resize the image");
+        return ret;
+    }
+    old = extree_virtual_size(s->t);
+    trace_extree_co_truncate_start(s, old, offset, prealloc, flags);
+    if (offset < old) {
+        if (prealloc != PREALLOC_MODE_OFF) {
+            error_setg(errp, "Preallocation can't be used for shrinking an "
+                       "image");
+            ret = -EINVAL;
+            goto out;
+        }
+        extree_wait_alloc(s, QEMU_ALIGN_DOWN(offset, bsz), UINT64_MAX);
+        ret = extree_set_virtual_size(s->t, offset);
+        if (ret < 0) {
+            error_setg_errno(errp, -ret, "Could not shrink the image");
+            goto out;
+        }
+        qatomic_set(&s->virtual_size, offset);
+    } else if (offset > old) {
+        ret = extree_set_virtual_size(s->t, offset);
+        if (ret < 0) {
+            error_setg_errno(errp, -ret, "Could not grow the image");
+            goto out;
+        }
+        qatomic_set(&s->virtual_size, offset);
+
+        /*
+         * The rest of the old last block may hold old data (written before
+         * a shrink) or show the backing file: it must read as zeroes.
+         */
+        if (old % bsz) {
+            uint64_t len = MIN((uint64_t)offset, ROUND_UP(old, bsz)) - old;
+            ExtreeCursor cur;
+            ExtreeRun run;
+
+            extree_cursor_init(&cur, s->t);
+            ret = extree_cursor_query(&cur, old, len, EXTREE_COALESCE_HOST,
+                                      &run);
+            extree_cursor_release(&cur);
+            if (ret == 0 && run.type == EXTREE_RUN_DATA) {
+                ret = bdrv_co_pwrite_zeroes(bs->file, run.host, len, 0);
+            } else if (ret == 0 && run.type == EXTREE_RUN_UNALLOC &&
+                       (flags & BDRV_REQ_ZERO_WRITE)) {
+                QEMUIOVector qiov;
+                void *buf = qemu_blockalign0(bs, len);
+
+                xt_unlock(s);
+                qemu_iovec_init_buf(&qiov, buf, len);
+                ret = extree_pwritev(bs, old, len, &qiov, 0, true);
+                qemu_vfree(buf);
+                xt_lock(s);
+            }
+            if (ret < 0) {
+                error_setg_errno(errp, -ret, "Could not zero the old end of "
+                                 "the image");
+                goto out;
+            }
+        }
+
+        if (ROUND_UP(old, bsz) < ROUND_UP(offset, bsz)) {
+            uint64_t astart = ROUND_UP(old, bsz);
+            uint64_t aend = ROUND_UP(offset, bsz);
+            if (prealloc != PREALLOC_MODE_OFF) {
+                ret = extree_preallocate(s, astart, aend, prealloc, errp);
+            } else if (flags & BDRV_REQ_ZERO_WRITE) {
+                ret = extree_update_range(s, astart, aend, EXTREE_OP_ZERO);
+                if (ret < 0) {
+                    error_setg_errno(errp, -ret, "Could not zero the new "
+                                     "area");
+                }
+            }
+            if (ret < 0) {
+                goto out;
+            }
+        }
+    }
+
+    /* Rare and administrative: make the new size durable right away */
+    ret = xt_commit_locked(s);
+    if (ret < 0) {
+        error_setg_errno(errp, -ret, "Could not commit extree metadata");
+    }
+out:
+    xt_leave(s);
+    trace_extree_co_truncate_done(s, offset, ret);
+    return ret;
+}
+
+int64_t coroutine_fn GRAPH_RDLOCK
+extree_co_getlength(BlockDriverState *bs)
+{
+    BDRVExtreeState *s = bs->opaque;
+
+    return qatomic_read(&s->virtual_size);
+}
+
+/*
+ * qemu-img commit (and the commit block job) empty the top image after
+ * committing it down: everything unallocated, space freed, committed.
+ * Called with s->lock held.
+ */
+int coroutine_fn GRAPH_RDLOCK
+xt_make_empty_locked(BDRVExtreeState *s)
+{
+    uint64_t end = ROUND_UP(extree_virtual_size(s->t), s->block_size);
+    int ret;
+
+    if (s->core_read_only) {
+        return -EACCES;
+    }
+    if (!end) {
+        return 0;
+    }
+    ret = extree_update_range(s, 0, end, EXTREE_OP_PUNCH);
+    if (ret == 0) {
+        ret = xt_commit_locked(s);
+    }
+    return ret;
+}
+
+/* ---- Block status ---- */
+
+/*
+ * At most one descent per query: s->status_cursor continues on its leaf
+ * when a query starts where the last one ended (qemu-img map, mirror,
+ * convert all walk forward).
+ *
+ * want_zero: runs that read alike (host-contiguous DATA, ZERO, unallocated)
+ * with the host offset.  !want_zero (is_allocated): every adjacent
+ * allocated extent in one answer, like SEEK_HOLE; no host offset then.
+ */
+int coroutine_fn GRAPH_RDLOCK
+extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
+                       int64_t bytes, int64_t *pnum, int64_t *map,
+                       BlockDriverState **file)
+{
+    BDRVExtreeState *s = bs->opaque;
+    ExtreeRun run;
+    int ret;
+
+    ret = xt_enter(s);
+    if (ret < 0) {
+        return ret;
+    }
+    ret = extree_cursor_query(&s->status_cursor, offset, bytes,
+                              want_zero ? EXTREE_COALESCE_HOST
+                                        : EXTREE_COALESCE_ALLOC, &run);
+    xt_leave(s);
+    if (ret < 0) {
+        return ret;
+    }
+    trace_extree_co_block_status(s, want_zero, offset, bytes, run.type,
+                                 run.length, run.host);
+
+    *pnum = run.length;
+    switch (run.type) {
+    case EXTREE_RUN_DATA:
+        if (!want_zero) {
+            return BDRV_BLOCK_DATA;
+        }
+        *map = run.host;
+        *file = bs->file->bs;
+        return BDRV_BLOCK_DATA | BDRV_BLOCK_OFFSET_VALID;
+    case EXTREE_RUN_ZERO:
+        /* Allocated in this layer; !want_zero may span DATA too */
+        return want_zero ? BDRV_BLOCK_ZERO : BDRV_BLOCK_DATA;
+    default:
+        return 0;
+    }
+}
+

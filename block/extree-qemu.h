@@ -1,0 +1,211 @@
+/*
+ * extree: QEMU driver internals, shared by the driver's three files
+ *
+ * The image format lives in the QEMU-independent core behind block/extree.h
+ * (its functions and types are extree_*, Extree*).  The QEMU driver is
+ *
+ *   extree.c       the BlockDriver table, open/close/reopen, inactivate and
+ *                  invalidate, create/measure/amend, info and check glue
+ *   extree-io.c    requests, s->lock and the commit gate, commits, the
+ *                  corruption helper, reads, writes (read-modify-write),
+ *                  discard, write zeroes, truncate, flush, block status
+ *   extree-file.c  the core's backend over bs->file (and over a
+ *                  BlockBackend, for create), readahead, grow-ahead of the
+ *                  file and the limit of a file that cannot grow
+ *
+ * Calls go one way only: extree.c -> extree-io.c -> extree-file.c, and
+ * extree.c -> extree-file.c.  Driver helpers that cross files are xt_*;
+ * every extree_* call from the driver is a call into the core (BlockDriver
+ * callbacks keep extree_* names, as qcow2's do).
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#ifndef BLOCK_EXTREE_QEMU_H
+#define BLOCK_EXTREE_QEMU_H
+
+#include "block/block_int.h"
+#include "qemu/coroutine.h"
+#include "qemu/queue.h"
+#include "qemu/timer.h"
+
+#include "extree.h"
+
+/*
+ * Largest virtual size: the format allows EXTREE_MAX_VIRTUAL_SIZE, QEMU's
+ * block layer BDRV_MAX_LENGTH (2^63 - 1 rounded down to 1 GiB), which is
+ * smaller.
+ */
+#define EXTREE_QEMU_MAX_SIZE \
+    MIN((uint64_t)EXTREE_MAX_VIRTUAL_SIZE, (uint64_t)BDRV_MAX_LENGTH)
+
+/*
+ * An allocating write in flight: guest blocks [start, end) have host space
+ * allocated but not mapped yet.  Others that want to allocate or change
+ * blocks of this range wait on @waiters.  Lives on the writer's stack.
+ */
+typedef struct ExtreeAllocReq {
+    uint64_t start, end;
+    CoQueue waiters;
+    QLIST_ENTRY(ExtreeAllocReq) next;
+} ExtreeAllocReq;
+
+typedef struct BDRVExtreeState {
+    BlockDriverState *bs;
+    ExtreeBackend backend;              /* over bs->file, opaque = this */
+
+    /*
+     * The metadata lock.  Every call into the core, that is every use of
+     * @t and of the cursors, happens with it held; backend calls made by
+     * the core may yield with it held.  Guest data I/O is done without it.
+     */
+    CoMutex lock;
+
+    /*
+     * Requests: from xt_enter() to xt_leave(), a request may hold
+     * cursors (pinned nodes of @t) and host ranges looked up in @t across
+     * an unlock, so @t must not be replaced meanwhile.  Invalidation sets
+     * @replacing, which holds new requests back on @replace_queue, and
+     * waits on @idle_queue until @requests is zero; the block layer does
+     * not drain the node for it.  Protected by lock.
+     */
+    unsigned requests;
+    bool replacing;
+    CoQueue replace_queue;
+    CoQueue idle_queue;
+
+    /*
+     * NULL after a failed invalidation (bs->drv is cleared then, but
+     * requests queued on @lock meanwhile still run).  Protected by lock.
+     */
+    Extree *t;
+    bool core_read_only;                /* @t was opened read-only */
+    bool inactive;                      /* BDRV_O_INACTIVE: no writes */
+
+    /*
+     * Grow-ahead (EXTREE_GROW_AHEAD): the file's length as last read or
+     * set by xt_grow_file(), -1 when unknown (a truncate ran since);
+     * @grow_off once growing failed (a block device, a protocol that
+     * cannot resize): the writes extend the file themselves.
+     * Protected by lock.
+     */
+    int64_t file_len;
+    bool grow_off;
+    uint32_t block_size;                /* of @t, constant while open */
+    uint32_t node_size;
+
+    /* block_status walks forward from where the last query ended */
+    ExtreeCursor status_cursor;         /* Protected by lock */
+
+    /*
+     * Virtual size of @t, for bdrv_co_getlength(), which takes no lock.
+     * Written with lock held, read with qatomic_read().
+     */
+    uint64_t virtual_size;
+
+    /*
+     * Allocating writes in flight (ExtreeAllocReq); two requests never
+     * allocate the same guest block.  Protected by lock.
+     */
+    QLIST_HEAD(, ExtreeAllocReq) alloc_reqs;
+
+    /*
+     * Commit gate.  A data request looks up (or allocates) host ranges with
+     * the lock held and does the I/O without it; from the lookup until the
+     * I/O is done (and, for an allocating write, the range mapped) it is
+     * counted in @io_inflight.  A commit makes the space freed in the
+     * transaction reusable (and discards it in the host file) and records
+     * every allocation as used, so it must not run while a request is
+     * counted: it bumps @commit_waiting,
+     * which holds new lookups back on @io_queue, and waits on
+     * @commit_queue until @io_inflight drops to zero.  Protected by lock.
+     */
+    unsigned io_inflight;
+    unsigned commit_waiting;
+    CoQueue io_queue;
+    CoQueue commit_queue;
+
+    /*
+     * Corruption seen by the core, handled after the core call returned
+     * (extree_handle_corruption()).  Protected by lock.
+     */
+    bool corrupt_pending;
+    bool signaled_corruption;
+    uint64_t corrupt_offset;
+    char *corrupt_msg;
+
+    /* Runtime options */
+    uint64_t cache_size;                /* bytes, 0 = core default */
+    uint64_t commit_interval;           /* seconds, 0 = no timer */
+    uint64_t dirty_limit;               /* bytes of dirty metadata */
+
+    /*
+     * Commits uncommitted metadata @commit_interval seconds after the first
+     * change; lives in bs's AioContext.
+     */
+    QEMUTimer *commit_timer;
+} BDRVExtreeState;
+
+/* ---- extree-file.c ---- */
+
+/* Backend over bs->file, opaque = BDRVExtreeState */
+extern const ExtreeBackendOps xt_file_backend_ops;
+/* Backend over a BlockBackend (opaque), for image creation */
+extern const ExtreeBackendOps xt_blk_backend_ops;
+
+void coroutine_fn GRAPH_RDLOCK xt_grow_file(BDRVExtreeState *s, uint64_t end);
+void coroutine_fn GRAPH_RDLOCK xt_grow_before(BDRVExtreeState *s,
+                                              uint64_t bytes);
+void coroutine_mixed_fn GRAPH_RDLOCK xt_trim_file(BDRVExtreeState *s);
+
+/* ---- extree-io.c ---- */
+
+static inline void coroutine_fn xt_lock(BDRVExtreeState *s)
+{
+    qemu_co_mutex_lock(&s->lock);
+}
+
+/* qemu_co_queue_wait() on s->lock, which it retakes */
+static inline void coroutine_fn xt_queue_wait(BDRVExtreeState *s, CoQueue *q)
+{
+    qemu_co_queue_wait(q, &s->lock);
+}
+
+void coroutine_fn xt_unlock(BDRVExtreeState *s);
+int coroutine_fn xt_enter(BDRVExtreeState *s);
+void coroutine_fn xt_leave(BDRVExtreeState *s);
+
+void xt_corrupt_cb(void *opaque, uint64_t offset, const char *msg);
+
+int coroutine_mixed_fn GRAPH_RDLOCK xt_commit_now(BDRVExtreeState *s);
+int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s);
+int coroutine_fn GRAPH_RDLOCK xt_make_empty_locked(BDRVExtreeState *s);
+
+/* BlockDriver callbacks */
+int coroutine_fn GRAPH_RDLOCK
+extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                      QEMUIOVector *qiov, size_t qiov_offset,
+                      BdrvRequestFlags flags);
+int coroutine_fn GRAPH_RDLOCK
+extree_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                       QEMUIOVector *qiov, size_t qiov_offset,
+                       BdrvRequestFlags flags);
+int coroutine_fn GRAPH_RDLOCK extree_co_flush_to_os(BlockDriverState *bs);
+int coroutine_fn GRAPH_RDLOCK
+extree_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes);
+int coroutine_fn GRAPH_RDLOCK
+extree_co_pwrite_zeroes(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                        BdrvRequestFlags flags);
+int coroutine_fn GRAPH_RDLOCK
+extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
+                   PreallocMode prealloc, BdrvRequestFlags flags,
+                   Error **errp);
+int64_t coroutine_fn GRAPH_RDLOCK extree_co_getlength(BlockDriverState *bs);
+int coroutine_fn GRAPH_RDLOCK
+extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
+                       int64_t bytes, int64_t *pnum, int64_t *map,
+                       BlockDriverState **file);
+
+#endif /* BLOCK_EXTREE_QEMU_H */
