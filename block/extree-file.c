@@ -46,7 +46,7 @@
  * the co_wrapper_mixed functions work in both.
  */
 static int coroutine_mixed_fn GRAPH_RDLOCK
-extree_be_pread(void *opaque, uint64_t offset, void *buf, uint64_t bytes)
+xt_be_pread(void *opaque, uint64_t offset, void *buf, uint64_t bytes)
 {
     BDRVExtreeState *s = opaque;
 
@@ -54,15 +54,15 @@ extree_be_pread(void *opaque, uint64_t offset, void *buf, uint64_t bytes)
 }
 
 static int coroutine_mixed_fn GRAPH_RDLOCK
-extree_be_pwrite(void *opaque, uint64_t offset, const void *buf,
-                 uint64_t bytes)
+xt_be_pwrite(void *opaque, uint64_t offset, const void *buf,
+             uint64_t bytes)
 {
     BDRVExtreeState *s = opaque;
 
     return bdrv_pwrite(s->bs->file, offset, bytes, buf, 0);
 }
 
-static int coroutine_mixed_fn GRAPH_RDLOCK extree_be_flush(void *opaque)
+static int coroutine_mixed_fn GRAPH_RDLOCK xt_be_flush(void *opaque)
 {
     BDRVExtreeState *s = opaque;
 
@@ -70,7 +70,7 @@ static int coroutine_mixed_fn GRAPH_RDLOCK extree_be_flush(void *opaque)
 }
 
 static int coroutine_mixed_fn GRAPH_RDLOCK
-extree_be_truncate(void *opaque, uint64_t size)
+xt_be_truncate(void *opaque, uint64_t size)
 {
     BDRVExtreeState *s = opaque;
 
@@ -81,7 +81,7 @@ extree_be_truncate(void *opaque, uint64_t size)
 }
 
 static int coroutine_mixed_fn GRAPH_RDLOCK
-extree_be_discard(void *opaque, uint64_t offset, uint64_t bytes)
+xt_be_discard(void *opaque, uint64_t offset, uint64_t bytes)
 {
     BDRVExtreeState *s = opaque;
 
@@ -89,7 +89,7 @@ extree_be_discard(void *opaque, uint64_t offset, uint64_t bytes)
 }
 
 static int64_t coroutine_mixed_fn GRAPH_RDLOCK
-extree_be_get_length(void *opaque)
+xt_be_get_length(void *opaque)
 {
     BDRVExtreeState *s = opaque;
 
@@ -117,7 +117,7 @@ typedef struct ExtreeReadTask {
     int n;
 } ExtreeReadTask;
 
-static int coroutine_fn GRAPH_RDLOCK extree_read_task(AioTask *task)
+static int coroutine_fn GRAPH_RDLOCK xt_read_task(AioTask *task)
 {
     ExtreeReadTask *t = container_of(task, ExtreeReadTask, task);
     int ret = bdrv_co_preadv(t->file, t->offset, t->qiov.size, &t->qiov, 0);
@@ -137,8 +137,8 @@ static int coroutine_fn GRAPH_RDLOCK extree_read_task(AioTask *task)
  * not one per leaf.
  */
 static void coroutine_mixed_fn GRAPH_RDLOCK
-extree_be_pread_many(void *opaque, int n, const uint64_t *offsets,
-                     void *const *bufs, uint64_t bytes, int *rets)
+xt_be_pread_many(void *opaque, int n, const uint64_t *offsets,
+                 void *const *bufs, uint64_t bytes, int *rets)
 {
     BDRVExtreeState *s = opaque;
     AioTaskPool *pool;
@@ -166,7 +166,7 @@ extree_be_pread_many(void *opaque, int n, const uint64_t *offsets,
         uint64_t end = offsets[idx[i]] + bytes;
 
         *t = (ExtreeReadTask) {
-            .task.func = extree_read_task,
+            .task.func = xt_read_task,
             .file = s->bs->file,
             .offset = offsets[idx[i]],
             .rets = rets,
@@ -203,43 +203,43 @@ extree_be_pread_many(void *opaque, int n, const uint64_t *offsets,
 }
 
 const ExtreeBackendOps xt_file_backend_ops = {
-    .pread = extree_be_pread,
-    .pread_many = extree_be_pread_many,
-    .pwrite = extree_be_pwrite,
-    .flush = extree_be_flush,
-    .truncate = extree_be_truncate,
-    .discard = extree_be_discard,
-    .get_length = extree_be_get_length,
+    .pread = xt_be_pread,
+    .pread_many = xt_be_pread_many,
+    .pwrite = xt_be_pwrite,
+    .flush = xt_be_flush,
+    .truncate = xt_be_truncate,
+    .discard = xt_be_discard,
+    .get_length = xt_be_get_length,
 };
 
 /* Backend over a BlockBackend, for image creation (coroutine context) */
-static int coroutine_fn extree_blk_pread(void *opaque, uint64_t offset,
-                                         void *buf, uint64_t bytes)
+static int coroutine_fn xt_blk_pread(void *opaque, uint64_t offset,
+                                     void *buf, uint64_t bytes)
 {
     return blk_co_pread(opaque, offset, bytes, buf, 0);
 }
 
-static int coroutine_fn extree_blk_pwrite(void *opaque, uint64_t offset,
-                                          const void *buf, uint64_t bytes)
+static int coroutine_fn xt_blk_pwrite(void *opaque, uint64_t offset,
+                                      const void *buf, uint64_t bytes)
 {
     return blk_co_pwrite(opaque, offset, bytes, buf, 0);
 }
 
-static int coroutine_fn extree_blk_flush(void *opaque)
+static int coroutine_fn xt_blk_flush(void *opaque)
 {
     return blk_co_flush(opaque);
 }
 
-static int64_t coroutine_fn extree_blk_get_length(void *opaque)
+static int64_t coroutine_fn xt_blk_get_length(void *opaque)
 {
     return blk_co_getlength(opaque);
 }
 
 const ExtreeBackendOps xt_blk_backend_ops = {
-    .pread = extree_blk_pread,
-    .pwrite = extree_blk_pwrite,
-    .flush = extree_blk_flush,
-    .get_length = extree_blk_get_length,
+    .pread = xt_blk_pread,
+    .pwrite = xt_blk_pwrite,
+    .flush = xt_blk_flush,
+    .get_length = xt_blk_get_length,
 };
 
 /* ---- Grow-ahead (EXTREE_GROW_AHEAD) ---- */

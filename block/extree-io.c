@@ -64,7 +64,7 @@ void xt_corrupt_cb(void *opaque, uint64_t offset, const char *msg)
  *
  * Called with s->lock held, or with no request in flight.
  */
-static void coroutine_mixed_fn extree_handle_corruption(BDRVExtreeState *s)
+static void coroutine_mixed_fn xt_handle_corruption(BDRVExtreeState *s)
 {
     BlockDriverState *bs = s->bs;
     const char *node_name;
@@ -111,7 +111,7 @@ static void coroutine_mixed_fn extree_handle_corruption(BDRVExtreeState *s)
 void coroutine_fn xt_unlock(BDRVExtreeState *s)
 {
     if (unlikely(s->corrupt_pending)) {
-        extree_handle_corruption(s);
+        xt_handle_corruption(s);
     }
     qemu_co_mutex_unlock(&s->lock);
 }
@@ -123,7 +123,7 @@ void coroutine_fn xt_unlock(BDRVExtreeState *s)
  * a request that is counted already (which holds invalidation back, so
  * waiting for it would deadlock).
  */
-static int coroutine_fn extree_enter_nested(BDRVExtreeState *s, bool nested)
+static int coroutine_fn xt_enter_nested(BDRVExtreeState *s, bool nested)
 {
     xt_lock(s);
     while (s->replacing && !nested) {
@@ -139,7 +139,7 @@ static int coroutine_fn extree_enter_nested(BDRVExtreeState *s, bool nested)
 
 int coroutine_fn xt_enter(BDRVExtreeState *s)
 {
-    return extree_enter_nested(s, false);
+    return xt_enter_nested(s, false);
 }
 
 /* End a request started by xt_enter(); drops s->lock */
@@ -156,7 +156,7 @@ void coroutine_fn xt_leave(BDRVExtreeState *s)
  * Count a request that is about to look up host ranges for data I/O.
  * Called with s->lock held; waits (dropping it) while a commit is pending.
  */
-static void coroutine_fn extree_io_begin(BDRVExtreeState *s)
+static void coroutine_fn xt_io_begin(BDRVExtreeState *s)
 {
     while (s->commit_waiting) {
         xt_queue_wait(s, &s->io_queue);
@@ -165,7 +165,7 @@ static void coroutine_fn extree_io_begin(BDRVExtreeState *s)
 }
 
 /* Called with s->lock held */
-static void coroutine_fn extree_io_end(BDRVExtreeState *s)
+static void coroutine_fn xt_io_end(BDRVExtreeState *s)
 {
     assert(s->io_inflight > 0);
     if (--s->io_inflight == 0 && s->commit_waiting) {
@@ -174,8 +174,8 @@ static void coroutine_fn extree_io_end(BDRVExtreeState *s)
 }
 
 /* Called with s->lock held */
-static ExtreeAllocReq *extree_find_alloc(BDRVExtreeState *s, uint64_t start,
-                                         uint64_t end)
+static ExtreeAllocReq *xt_find_alloc(BDRVExtreeState *s, uint64_t start,
+                                     uint64_t end)
 {
     ExtreeAllocReq *req;
 
@@ -192,13 +192,13 @@ static ExtreeAllocReq *extree_find_alloc(BDRVExtreeState *s, uint64_t start,
  * s->lock held; drops it while waiting.  Returns true if it waited (the
  * caller's view of the mapping is stale then).
  */
-static bool coroutine_fn extree_wait_alloc(BDRVExtreeState *s, uint64_t start,
-                                           uint64_t end)
+static bool coroutine_fn xt_wait_alloc(BDRVExtreeState *s, uint64_t start,
+                                       uint64_t end)
 {
     ExtreeAllocReq *other;
     bool waited = false;
 
-    while ((other = extree_find_alloc(s, start, end))) {
+    while ((other = xt_find_alloc(s, start, end))) {
         trace_extree_alloc_wait(s, start, end);
         xt_queue_wait(s, &other->waiters);
         waited = true;
@@ -221,7 +221,7 @@ xt_commit_now(BDRVExtreeState *s)
     assert(s->io_inflight == 0);
     trace_extree_commit_start(s, extree_generation(s->t) + 1, 0);
     ret = extree_commit(s->t);
-    extree_handle_corruption(s);
+    xt_handle_corruption(s);
     trace_extree_commit_done(s, extree_generation(s->t), ret);
     return ret;
 }
@@ -260,9 +260,9 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s)
 /*
  * After a request changed the tree: commit if too much metadata is dirty,
  * else make sure the commit timer runs.  Called with s->lock held, after
- * the request's own extree_io_end().
+ * the request's own xt_io_end().
  */
-static void coroutine_fn GRAPH_RDLOCK extree_update_done(BDRVExtreeState *s)
+static void coroutine_fn GRAPH_RDLOCK xt_update_done(BDRVExtreeState *s)
 {
     ExtreeStats st;
 
@@ -290,8 +290,8 @@ static void coroutine_fn GRAPH_RDLOCK extree_update_done(BDRVExtreeState *s)
  * one), zeroes for ZERO.  Called without s->lock.
  */
 static int coroutine_fn GRAPH_RDLOCK
-extree_read_unmapped(BDRVExtreeState *s, ExtreeRunType type, uint64_t guest,
-                     uint64_t bytes, QEMUIOVector *qiov, size_t qiov_offset)
+xt_read_unmapped(BDRVExtreeState *s, ExtreeRunType type, uint64_t guest,
+                 uint64_t bytes, QEMUIOVector *qiov, size_t qiov_offset)
 {
     if (type == EXTREE_RUN_UNALLOC && s->bs->backing) {
         return bdrv_co_preadv_part(s->bs->backing, guest, bytes, qiov,
@@ -326,7 +326,7 @@ extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
         uint64_t pos = offset, left = bytes;
         int nr = 0;
 
-        extree_io_begin(s);
+        xt_io_begin(s);
         while (nr < EXTREE_READ_BATCH && left > 0) {
             ret = extree_cursor_query(&cur, pos, left, EXTREE_COALESCE_HOST,
                                       &runs[nr]);
@@ -338,7 +338,7 @@ extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
             nr++;
         }
         if (ret < 0) {
-            extree_io_end(s);
+            xt_io_end(s);
             break;
         }
         qemu_co_mutex_unlock(&s->lock);
@@ -354,13 +354,13 @@ extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
                 ret = bdrv_co_preadv_part(bs->file, run->host, run->length,
                                           qiov, qoff, 0);
             } else {
-                ret = extree_read_unmapped(s, run->type, run->guest,
-                                           run->length, qiov, qoff);
+                ret = xt_read_unmapped(s, run->type, run->guest,
+                                       run->length, qiov, qoff);
             }
         }
 
         xt_lock(s);
-        extree_io_end(s);
+        xt_io_end(s);
         if (ret < 0) {
             break;
         }
@@ -382,8 +382,8 @@ extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
  * Called without s->lock.
  */
 static int coroutine_fn GRAPH_RDLOCK
-extree_read_old(BDRVExtreeState *s, ExtreeRunType type, uint64_t guest,
-                uint64_t bytes, uint64_t vsize, uint8_t *buf)
+xt_read_old(BDRVExtreeState *s, ExtreeRunType type, uint64_t guest,
+            uint64_t bytes, uint64_t vsize, uint8_t *buf)
 {
     memset(buf, 0, bytes);
     if (type == EXTREE_RUN_UNALLOC && s->bs->backing && guest < vsize) {
@@ -401,14 +401,14 @@ extree_read_old(BDRVExtreeState *s, ExtreeRunType type, uint64_t guest,
  * blocks.  *@done is the part of the request written (the allocation may
  * have been shorter).
  *
- * Called with s->lock held and the request counted (extree_io_begin());
+ * Called with s->lock held and the request counted (xt_io_begin());
  * returns with s->lock held and the count dropped.  -EAGAIN: it waited for
  * an overlapping allocating write, look the mapping up again.
  */
 static int coroutine_fn GRAPH_RDLOCK
-extree_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
-                   uint64_t n, QEMUIOVector *qiov, size_t qiov_offset,
-                   uint64_t *done)
+xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
+               uint64_t n, QEMUIOVector *qiov, size_t qiov_offset,
+               uint64_t *done)
 {
     BlockDriverState *bs = s->bs;
     uint64_t bsz = s->block_size;
@@ -421,16 +421,16 @@ extree_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     QEMUIOVector hd_qiov;
     int ret;
 
-    if (extree_find_alloc(s, start, end)) {
-        extree_io_end(s);
-        extree_wait_alloc(s, start, end);
+    if (xt_find_alloc(s, start, end)) {
+        xt_io_end(s);
+        xt_wait_alloc(s, start, end);
         return -EAGAIN;
     }
 
     xt_grow_before(s, end - start);
     ret = extree_alloc_data(s->t, start, end - start, &host, &got);
     if (ret < 0) {
-        extree_io_end(s);
+        xt_io_end(s);
         return ret;
     }
     xt_grow_file(s, host + got);
@@ -449,7 +449,7 @@ extree_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     qemu_iovec_init(&hd_qiov, qiov->niov + 2);
     if (head) {
         head_buf = qemu_blockalign(bs, head);
-        ret = extree_read_old(s, run->type, start, head, vsize, head_buf);
+        ret = xt_read_old(s, run->type, start, head, vsize, head_buf);
         qemu_iovec_add(&hd_qiov, head_buf, head);
     }
     if (ret == 0) {
@@ -457,8 +457,8 @@ extree_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     }
     if (ret == 0 && tail) {
         tail_buf = qemu_blockalign(bs, tail);
-        ret = extree_read_old(s, run->type, offset + wlen, tail, vsize,
-                              tail_buf);
+        ret = xt_read_old(s, run->type, offset + wlen, tail, vsize,
+                          tail_buf);
         qemu_iovec_add(&hd_qiov, tail_buf, tail);
     }
     if (ret == 0) {
@@ -479,16 +479,16 @@ extree_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     }
     QLIST_REMOVE(&req, next);
     qemu_co_queue_restart_all(&req.waiters);
-    extree_io_end(s);
+    xt_io_end(s);
     trace_extree_alloc_write_done(s, start, host, ret);
     *done = wlen;
     return ret;
 }
 
-/* @nested: see extree_enter_nested() */
+/* @nested: see xt_enter_nested() */
 static int coroutine_fn GRAPH_RDLOCK
-extree_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
-               QEMUIOVector *qiov, size_t qiov_offset, bool nested)
+xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
+           QEMUIOVector *qiov, size_t qiov_offset, bool nested)
 {
     BDRVExtreeState *s = bs->opaque;
     bool committed = false;
@@ -496,7 +496,7 @@ extree_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
     int ret = 0;
 
     trace_extree_co_pwritev_start(s, offset, bytes);
-    ret = extree_enter_nested(s, nested);
+    ret = xt_enter_nested(s, nested);
     if (ret < 0) {
         return ret;
     }
@@ -505,11 +505,11 @@ extree_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
         ExtreeRun run;
         uint64_t n;
 
-        extree_io_begin(s);
+        xt_io_begin(s);
         ret = extree_cursor_query(&cur, offset, bytes, EXTREE_COALESCE_HOST,
                                   &run);
         if (ret < 0) {
-            extree_io_end(s);
+            xt_io_end(s);
             break;
         }
         n = run.length;
@@ -521,10 +521,10 @@ extree_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
             ret = bdrv_co_pwritev_part(bs->file, run.host, n, qiov,
                                        qiov_offset, 0);
             xt_lock(s);
-            extree_io_end(s);
+            xt_io_end(s);
         } else {
-            ret = extree_alloc_write(s, &run, offset, n, qiov, qiov_offset,
-                                     &n);
+            ret = xt_alloc_write(s, &run, offset, n, qiov, qiov_offset,
+                                 &n);
             if (ret == -EAGAIN) {
                 continue;
             }
@@ -548,7 +548,7 @@ extree_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
         qiov_offset += n;
     }
     extree_cursor_release(&cur);
-    extree_update_done(s);
+    xt_update_done(s);
     xt_leave(s);
     trace_extree_co_pwritev_done(s, offset, ret);
     return ret < 0 ? ret : 0;
@@ -559,7 +559,7 @@ extree_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
                        QEMUIOVector *qiov, size_t qiov_offset,
                        BdrvRequestFlags flags)
 {
-    return extree_pwritev(bs, offset, bytes, qiov, qiov_offset, false);
+    return xt_pwritev(bs, offset, bytes, qiov, qiov_offset, false);
 }
 
 /* ---- Flush ---- */
@@ -593,12 +593,12 @@ typedef enum ExtreeRangeOp {
  * first.  Called with s->lock held; may drop and retake it.
  */
 static int coroutine_fn GRAPH_RDLOCK
-extree_update_range(BDRVExtreeState *s, uint64_t start, uint64_t end,
-                    ExtreeRangeOp op)
+xt_update_range(BDRVExtreeState *s, uint64_t start, uint64_t end,
+                ExtreeRangeOp op)
 {
     assert(QEMU_IS_ALIGNED(start | end, s->block_size) && start < end);
     trace_extree_update_range(s, start, end, op);
-    extree_wait_alloc(s, start, end);
+    xt_wait_alloc(s, start, end);
     xt_grow_before(s, 0);
     if (op == EXTREE_OP_ZERO) {
         return extree_set_zero(s->t, start, end - start);
@@ -634,9 +634,9 @@ extree_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes)
     if (start >= end) {
         ret = -ENOTSUP;
     } else {
-        ret = extree_update_range(s, start, end, bs->backing ?
-                                  EXTREE_OP_ZERO : EXTREE_OP_PUNCH);
-        extree_update_done(s);
+        ret = xt_update_range(s, start, end, bs->backing ?
+                              EXTREE_OP_ZERO : EXTREE_OP_PUNCH);
+        xt_update_done(s);
     }
     xt_leave(s);
     trace_extree_co_pdiscard_done(s, offset, ret);
@@ -652,8 +652,8 @@ extree_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes)
  * forbids that fallback.
  */
 static int coroutine_fn GRAPH_RDLOCK
-extree_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
-                    BdrvRequestFlags flags)
+xt_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
+                BdrvRequestFlags flags)
 {
     BlockDriverState *bs = s->bs;
     uint64_t bsz = s->block_size;
@@ -667,21 +667,21 @@ extree_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
         return ret;
     }
     for (;;) {
-        extree_io_begin(s);
+        xt_io_begin(s);
         extree_cursor_init(&cur, s->t);
         ret = extree_cursor_query(&cur, offset, bytes, EXTREE_COALESCE_HOST,
                                   &run);
         extree_cursor_release(&cur);
         if (ret < 0 || run.type != EXTREE_RUN_UNALLOC ||
-            !extree_find_alloc(s, bstart, bstart + bsz)) {
+            !xt_find_alloc(s, bstart, bstart + bsz)) {
             break;
         }
         /* The block is being allocated: wait and look again */
-        extree_io_end(s);
-        extree_wait_alloc(s, bstart, bstart + bsz);
+        xt_io_end(s);
+        xt_wait_alloc(s, bstart, bstart + bsz);
     }
     if (ret < 0) {
-        extree_io_end(s);
+        xt_io_end(s);
         goto out;
     }
 
@@ -691,17 +691,17 @@ extree_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
         ret = bdrv_co_pwrite_zeroes(bs->file, run.host, bytes,
                                     flags & BDRV_REQ_NO_FALLBACK);
         xt_lock(s);
-        extree_io_end(s);
+        xt_io_end(s);
         break;
     case EXTREE_RUN_ZERO:
-        extree_io_end(s);
+        xt_io_end(s);
         break;
     case EXTREE_RUN_UNALLOC:
-        extree_io_end(s);
+        xt_io_end(s);
         if (!bs->backing) {
-            ret = extree_update_range(s, bstart, bstart + bsz,
-                                      EXTREE_OP_ZERO);
-            extree_update_done(s);
+            ret = xt_update_range(s, bstart, bstart + bsz,
+                                  EXTREE_OP_ZERO);
+            xt_update_done(s);
         } else if (flags & BDRV_REQ_NO_FALLBACK) {
             ret = -ENOTSUP;
         } else {
@@ -710,7 +710,7 @@ extree_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
 
             xt_leave(s);
             qemu_iovec_init_buf(&qiov, buf, bytes);
-            ret = extree_pwritev(bs, offset, bytes, &qiov, 0, false);
+            ret = xt_pwritev(bs, offset, bytes, &qiov, 0, false);
             qemu_vfree(buf);
             return ret;
         }
@@ -728,8 +728,8 @@ out:
  * ZERO extents.
  */
 static int coroutine_fn GRAPH_RDLOCK
-extree_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
-                   BdrvRequestFlags flags)
+xt_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
+               BdrvRequestFlags flags)
 {
     BlockDriverState *bs = s->bs;
     uint64_t bsz = s->block_size;
@@ -741,7 +741,7 @@ extree_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
         return ret;
     }
     if (flags & BDRV_REQ_MAY_UNMAP) {
-        ret = extree_update_range(s, start, end, EXTREE_OP_ZERO);
+        ret = xt_update_range(s, start, end, EXTREE_OP_ZERO);
         goto out;
     }
 
@@ -753,11 +753,11 @@ extree_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
         if (start >= vsize) {
             break;
         }
-        extree_io_begin(s);
+        xt_io_begin(s);
         ret = extree_cursor_query(&cur, start, MIN(end, vsize) - start,
                                   EXTREE_COALESCE_HOST, &run);
         if (ret < 0) {
-            extree_io_end(s);
+            xt_io_end(s);
             break;
         }
         if (run.type == EXTREE_RUN_DATA) {
@@ -766,13 +766,13 @@ extree_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
                                         ROUND_UP(run.length, bsz),
                                         flags & BDRV_REQ_NO_FALLBACK);
             xt_lock(s);
-            extree_io_end(s);
+            xt_io_end(s);
         } else {
-            extree_io_end(s);
+            xt_io_end(s);
             if (run.type == EXTREE_RUN_UNALLOC) {
-                ret = extree_update_range(s, start,
-                                          ROUND_UP(start + run.length, bsz),
-                                          EXTREE_OP_ZERO);
+                ret = xt_update_range(s, start,
+                                      ROUND_UP(start + run.length, bsz),
+                                      EXTREE_OP_ZERO);
             }
         }
         if (ret < 0) {
@@ -782,7 +782,7 @@ extree_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
     }
     extree_cursor_release(&cur);
 out:
-    extree_update_done(s);
+    xt_update_done(s);
     xt_leave(s);
     return ret;
 }
@@ -803,11 +803,11 @@ extree_co_pwrite_zeroes(BlockDriverState *bs, int64_t offset, int64_t bytes,
                                      : QEMU_ALIGN_DOWN(end, bsz);
 
         if (QEMU_IS_ALIGNED(pos, bsz) && aend > pos) {
-            ret = extree_zero_blocks(s, pos, aend, flags);
+            ret = xt_zero_blocks(s, pos, aend, flags);
             pos = MIN(aend, end);
         } else {
             uint64_t n = MIN(end, QEMU_ALIGN_DOWN(pos, bsz) + bsz) - pos;
-            ret = extree_zero_partial(s, pos, n, flags);
+            ret = xt_zero_partial(s, pos, n, flags);
             pos += n;
         }
     }
@@ -825,8 +825,8 @@ extree_co_pwrite_zeroes(BlockDriverState *bs, int64_t offset, int64_t bytes,
  * rare, and nothing else may allocate meanwhile).
  */
 static int coroutine_fn GRAPH_RDLOCK
-extree_preallocate(BDRVExtreeState *s, uint64_t start, uint64_t end,
-                   PreallocMode mode, Error **errp)
+xt_preallocate(BDRVExtreeState *s, uint64_t start, uint64_t end,
+               PreallocMode mode, Error **errp)
 {
     BlockDriverState *bs = s->bs;
     int64_t file_len = bdrv_co_getlength(bs->file->bs);
@@ -920,7 +920,7 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
             ret = -EINVAL;
             goto out;
         }
-        extree_wait_alloc(s, QEMU_ALIGN_DOWN(offset, bsz), UINT64_MAX);
+        xt_wait_alloc(s, QEMU_ALIGN_DOWN(offset, bsz), UINT64_MAX);
         ret = extree_set_virtual_size(s->t, offset);
         if (ret < 0) {
             error_setg_errno(errp, -ret, "Could not shrink the image");
@@ -957,7 +957,7 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
 
                 xt_unlock(s);
                 qemu_iovec_init_buf(&qiov, buf, len);
-                ret = extree_pwritev(bs, old, len, &qiov, 0, true);
+                ret = xt_pwritev(bs, old, len, &qiov, 0, true);
                 qemu_vfree(buf);
                 xt_lock(s);
             }
@@ -972,9 +972,9 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
             uint64_t astart = ROUND_UP(old, bsz);
             uint64_t aend = ROUND_UP(offset, bsz);
             if (prealloc != PREALLOC_MODE_OFF) {
-                ret = extree_preallocate(s, astart, aend, prealloc, errp);
+                ret = xt_preallocate(s, astart, aend, prealloc, errp);
             } else if (flags & BDRV_REQ_ZERO_WRITE) {
-                ret = extree_update_range(s, astart, aend, EXTREE_OP_ZERO);
+                ret = xt_update_range(s, astart, aend, EXTREE_OP_ZERO);
                 if (ret < 0) {
                     error_setg_errno(errp, -ret, "Could not zero the new "
                                      "area");
@@ -1022,7 +1022,7 @@ xt_make_empty_locked(BDRVExtreeState *s)
     if (!end) {
         return 0;
     }
-    ret = extree_update_range(s, 0, end, EXTREE_OP_PUNCH);
+    ret = xt_update_range(s, 0, end, EXTREE_OP_PUNCH);
     if (ret == 0) {
         ret = xt_commit_locked(s);
     }

@@ -2,7 +2,7 @@
  * extree: QEMU driver internals, shared by the driver's three files
  *
  * The image format lives in the QEMU-independent core behind block/extree.h
- * (its functions and types are extree_*, Extree*).  The QEMU driver is
+ * (its functions are extree_*).  The QEMU driver is
  *
  *   extree.c       the BlockDriver table, open/close/reopen, inactivate and
  *                  invalidate, create/measure/amend, info and check glue
@@ -14,9 +14,9 @@
  *                  file and the limit of a file that cannot grow
  *
  * Calls go one way only: extree.c -> extree-io.c -> extree-file.c, and
- * extree.c -> extree-file.c.  Driver helpers that cross files are xt_*;
- * every extree_* call from the driver is a call into the core (BlockDriver
- * callbacks keep extree_* names, as qcow2's do).
+ * extree.c -> extree-file.c.  The driver's own functions are xt_*, except
+ * its BlockDriver callbacks, which keep extree_* names as qcow2's do; any
+ * other extree_* function the driver calls is the core's.
  *
  * Copyright (c) 2026 The extree authors
  *
@@ -52,6 +52,11 @@ typedef struct ExtreeAllocReq {
     QLIST_ENTRY(ExtreeAllocReq) next;
 } ExtreeAllocReq;
 
+/*
+ * Fields without a rule of their own are set at open, by
+ * .bdrv_reopen_commit or by invalidation, with no request in flight, and
+ * only read otherwise.
+ */
 typedef struct BDRVExtreeState {
     BlockDriverState *bs;
     ExtreeBackend backend;              /* over bs->file, opaque = this */
@@ -82,13 +87,17 @@ typedef struct BDRVExtreeState {
      */
     Extree *t;
     bool core_read_only;                /* @t was opened read-only */
-    bool inactive;                      /* BDRV_O_INACTIVE: no writes */
+    /*
+     * BDRV_O_INACTIVE: no writes.  Set by .bdrv_inactivate after its
+     * commit, cleared by invalidation; flush reads it without the lock.
+     */
+    bool inactive;
 
     /*
-     * Grow-ahead (EXTREE_GROW_AHEAD): the file's length as last read or
-     * set by xt_grow_file(), -1 when unknown (a truncate ran since);
-     * @grow_off once growing failed (a block device, a protocol that
-     * cannot resize): the writes extend the file themselves.
+     * Grow-ahead (EXTREE_GROW_AHEAD, extree-file.c): the file's length
+     * as last read or set by xt_grow_file(), -1 when unknown (a truncate
+     * ran since); @grow_off once growing failed (a block device, a
+     * protocol that cannot resize): the writes extend the file themselves.
      * Protected by lock.
      */
     int64_t file_len;
@@ -129,7 +138,7 @@ typedef struct BDRVExtreeState {
 
     /*
      * Corruption seen by the core, handled after the core call returned
-     * (extree_handle_corruption()).  Protected by lock.
+     * (xt_handle_corruption()).  Protected by lock.
      */
     bool corrupt_pending;
     bool signaled_corruption;

@@ -89,7 +89,7 @@ static const char *const extree_mutable_opts[] = {
     NULL
 };
 
-static void coroutine_fn extree_commit_timer_entry(void *opaque)
+static void coroutine_fn xt_commit_timer_entry(void *opaque)
 {
     BDRVExtreeState *s = opaque;
     BlockDriverState *bs = s->bs;
@@ -106,17 +106,17 @@ static void coroutine_fn extree_commit_timer_entry(void *opaque)
     bdrv_dec_in_flight(bs);
 }
 
-static void extree_start_commit_co(BDRVExtreeState *s)
+static void xt_start_commit_co(BDRVExtreeState *s)
 {
-    Coroutine *co = qemu_coroutine_create(extree_commit_timer_entry, s);
+    Coroutine *co = qemu_coroutine_create(xt_commit_timer_entry, s);
 
     bdrv_inc_in_flight(s->bs);
     aio_co_enter(bdrv_get_aio_context(s->bs), co);
 }
 
-static void extree_commit_timer_cb(void *opaque)
+static void xt_commit_timer_cb(void *opaque)
 {
-    extree_start_commit_co(opaque);
+    xt_start_commit_co(opaque);
 }
 
 static void extree_detach_aio_context(BlockDriverState *bs)
@@ -138,7 +138,7 @@ static void extree_attach_aio_context(BlockDriverState *bs,
         return;
     }
     s->commit_timer = aio_timer_new(new_context, QEMU_CLOCK_REALTIME,
-                                    SCALE_MS, extree_commit_timer_cb, s);
+                                    SCALE_MS, xt_commit_timer_cb, s);
     if (s->commit_interval && extree_is_dirty(s->t)) {
         timer_mod(s->commit_timer, qemu_clock_get_ms(QEMU_CLOCK_REALTIME) +
                   s->commit_interval * 1000);
@@ -155,7 +155,7 @@ static void extree_drain_begin(BlockDriverState *bs)
 
     if (s->commit_timer && timer_pending(s->commit_timer)) {
         timer_del(s->commit_timer);
-        extree_start_commit_co(s);
+        xt_start_commit_co(s);
     }
 }
 
@@ -172,8 +172,8 @@ static int extree_probe(const uint8_t *buf, int buf_size, const char *filename)
     return le64_to_cpu(magic) == EXTREE_MAGIC ? 100 : 0;
 }
 
-static int extree_parse_runtime_opts(QDict *options, uint64_t *cache_size,
-                                     uint64_t *commit_interval, Error **errp)
+static int xt_parse_runtime_opts(QDict *options, uint64_t *cache_size,
+                                 uint64_t *commit_interval, Error **errp)
 {
     QemuOpts *opts;
     int ret = 0;
@@ -207,8 +207,8 @@ out:
  * fails; it can then be opened read-only.
  */
 static int coroutine_mixed_fn GRAPH_RDLOCK
-extree_open_core(BDRVExtreeState *s, int flags, uint64_t cache_size,
-                 Extree **out, bool *read_only, Error **errp)
+xt_open_core(BDRVExtreeState *s, int flags, uint64_t cache_size,
+             Extree **out, bool *read_only, Error **errp)
 {
     ExtreeOpenOptions o = {
         .read_only = !(flags & BDRV_O_RDWR) || (flags & BDRV_O_INACTIVE),
@@ -257,8 +257,8 @@ extree_open_core(BDRVExtreeState *s, int flags, uint64_t cache_size,
 }
 
 /* Install core handle @t; called with no request in flight */
-static void GRAPH_RDLOCK extree_install_core(BDRVExtreeState *s, Extree *t,
-                                             bool read_only)
+static void GRAPH_RDLOCK xt_install_core(BDRVExtreeState *s, Extree *t,
+                                         bool read_only)
 {
     BlockDriverState *bs = s->bs;
     const char *backing_file, *backing_fmt;
@@ -298,7 +298,7 @@ static void GRAPH_RDLOCK extree_install_core(BDRVExtreeState *s, Extree *t,
  * point into the freed handle: requests' own cursors are gone with them,
  * and the block-status cursor is reset.
  */
-static void extree_drop_core(BDRVExtreeState *s)
+static void xt_drop_core(BDRVExtreeState *s)
 {
     if (s->t) {
         trace_extree_close(s, extree_generation(s->t));
@@ -309,7 +309,7 @@ static void extree_drop_core(BDRVExtreeState *s)
     extree_cursor_init(&s->status_cursor, NULL);
 }
 
-static void extree_init_state(BlockDriverState *bs)
+static void xt_init_state(BlockDriverState *bs)
 {
     BDRVExtreeState *s = bs->opaque;
 
@@ -332,7 +332,7 @@ typedef struct ExtreeOpenCo {
     int ret;
 } ExtreeOpenCo;
 
-static void coroutine_fn extree_open_entry(void *opaque)
+static void coroutine_fn xt_open_entry(void *opaque)
 {
     ExtreeOpenCo *oc = opaque;
     BDRVExtreeState *s = oc->bs->opaque;
@@ -342,10 +342,10 @@ static void coroutine_fn extree_open_entry(void *opaque)
     GRAPH_RDLOCK_GUARD();
 
     xt_lock(s);
-    oc->ret = extree_open_core(s, oc->flags, s->cache_size, &t, &read_only,
-                               oc->errp);
+    oc->ret = xt_open_core(s, oc->flags, s->cache_size, &t, &read_only,
+                           oc->errp);
     if (oc->ret == 0) {
-        extree_install_core(s, t, read_only);
+        xt_install_core(s, t, read_only);
     }
     qemu_co_mutex_unlock(&s->lock);
     aio_wait_kick();
@@ -367,9 +367,9 @@ static int extree_open_bs(BlockDriverState *bs, QDict *options, int flags,
     if (ret < 0) {
         return ret;
     }
-    extree_init_state(bs);
-    ret = extree_parse_runtime_opts(options, &s->cache_size,
-                                    &s->commit_interval, errp);
+    xt_init_state(bs);
+    ret = xt_parse_runtime_opts(options, &s->cache_size,
+                                &s->commit_interval, errp);
     if (ret < 0) {
         return ret;
     }
@@ -378,7 +378,7 @@ static int extree_open_bs(BlockDriverState *bs, QDict *options, int flags,
     assert(!qemu_in_coroutine());
     assert(qemu_get_current_aio_context() == qemu_get_aio_context());
     aio_co_enter(bdrv_get_aio_context(bs),
-                 qemu_coroutine_create(extree_open_entry, &oc));
+                 qemu_coroutine_create(xt_open_entry, &oc));
     AIO_WAIT_WHILE_UNLOCKED(NULL, oc.ret == -EINPROGRESS);
     ret = oc.ret;
     if (ret < 0) {
@@ -402,7 +402,7 @@ static void extree_refresh_limits(BlockDriverState *bs, Error **errp)
     bs->bl.pwrite_zeroes_alignment = s->block_size;
 }
 
-static void GRAPH_RDLOCK extree_do_close(BlockDriverState *bs)
+static void GRAPH_RDLOCK xt_do_close(BlockDriverState *bs)
 {
     BDRVExtreeState *s = bs->opaque;
 
@@ -415,7 +415,7 @@ static void GRAPH_RDLOCK extree_do_close(BlockDriverState *bs)
         }
         xt_trim_file(s);
     }
-    extree_drop_core(s);
+    xt_drop_core(s);
 }
 
 static void GRAPH_UNLOCKED extree_close_bs(BlockDriverState *bs)
@@ -425,7 +425,7 @@ static void GRAPH_UNLOCKED extree_close_bs(BlockDriverState *bs)
     GLOBAL_STATE_CODE();
     GRAPH_RDLOCK_GUARD_MAINLOOP();
 
-    extree_do_close(bs);
+    xt_do_close(bs);
     g_free(s->corrupt_msg);
     s->corrupt_msg = NULL;
 }
@@ -443,7 +443,7 @@ typedef struct ExtreeCallCo {
     int ret;
 } ExtreeCallCo;
 
-static void coroutine_fn extree_call_entry(void *opaque)
+static void coroutine_fn xt_call_entry(void *opaque)
 {
     ExtreeCallCo *c = opaque;
     BDRVExtreeState *s = c->bs->opaque;
@@ -460,14 +460,14 @@ static void coroutine_fn extree_call_entry(void *opaque)
     aio_wait_kick();
 }
 
-static int GRAPH_RDLOCK extree_call_locked(BlockDriverState *bs,
-                                           ExtreeLockedFn *fn)
+static int GRAPH_RDLOCK xt_call_locked(BlockDriverState *bs,
+                                       ExtreeLockedFn *fn)
 {
     ExtreeCallCo c = { .bs = bs, .fn = fn, .ret = -EINPROGRESS };
 
     assert(!qemu_in_coroutine());
     aio_co_enter(bdrv_get_aio_context(bs),
-                 qemu_coroutine_create(extree_call_entry, &c));
+                 qemu_coroutine_create(xt_call_entry, &c));
     BDRV_POLL_WHILE(bs, c.ret == -EINPROGRESS);
     return c.ret;
 }
@@ -489,8 +489,8 @@ extree_reopen_prepare(BDRVReopenState *state, BlockReopenQueue *queue,
     GRAPH_RDLOCK_GUARD_MAINLOOP();
 
     r = g_new0(ExtreeReopenState, 1);
-    ret = extree_parse_runtime_opts(state->options, &r->cache_size,
-                                    &r->commit_interval, errp);
+    ret = xt_parse_runtime_opts(state->options, &r->cache_size,
+                                &r->commit_interval, errp);
     if (ret < 0) {
         goto fail;
     }
@@ -522,8 +522,8 @@ extree_reopen_prepare(BDRVReopenState *state, BlockReopenQueue *queue,
                 goto fail;
             }
         }
-        ret = extree_open_core(s, state->flags, r->cache_size, &r->t,
-                               &r->core_read_only, errp);
+        ret = xt_open_core(s, state->flags, r->cache_size, &r->t,
+                           &r->core_read_only, errp);
         if (ret < 0) {
             goto fail;
         }
@@ -547,8 +547,8 @@ static void GRAPH_UNLOCKED extree_reopen_commit(BDRVReopenState *state)
     s->commit_interval = r->commit_interval;
     if (r->t) {
         extree_detach_aio_context(state->bs);
-        extree_drop_core(s);
-        extree_install_core(s, r->t, r->core_read_only);
+        xt_drop_core(s);
+        xt_install_core(s, r->t, r->core_read_only);
         extree_attach_aio_context(state->bs,
                                   bdrv_get_aio_context(state->bs));
     }
@@ -568,7 +568,7 @@ static void GRAPH_UNLOCKED extree_reopen_abort(BDRVReopenState *state)
 }
 
 static int coroutine_fn GRAPH_RDLOCK
-extree_inactivate_locked(BDRVExtreeState *s)
+xt_inactivate_locked(BDRVExtreeState *s)
 {
     int ret = xt_commit_locked(s);
 
@@ -590,7 +590,7 @@ static int GRAPH_RDLOCK extree_inactivate(BlockDriverState *bs)
 
     trace_extree_inactivate(s);
     extree_detach_aio_context(bs);
-    ret = extree_call_locked(bs, extree_inactivate_locked);
+    ret = xt_call_locked(bs, xt_inactivate_locked);
     if (ret < 0) {
         error_report("extree: Could not commit metadata on inactivation: %s",
                      strerror(-ret));
@@ -625,13 +625,13 @@ extree_co_invalidate_cache(BlockDriverState *bs, Error **errp)
     if (!s->inactive) {
         xt_commit_now(s);
     }
-    extree_drop_core(s);
+    xt_drop_core(s);
     s->inactive = false;
     s->signaled_corruption = false;
-    ret = extree_open_core(s, bs->open_flags & ~BDRV_O_INACTIVE,
-                           s->cache_size, &t, &read_only, errp);
+    ret = xt_open_core(s, bs->open_flags & ~BDRV_O_INACTIVE,
+                       s->cache_size, &t, &read_only, errp);
     if (ret == 0) {
-        extree_install_core(s, t, read_only);
+        xt_install_core(s, t, read_only);
     }
     s->replacing = false;
     qemu_co_queue_restart_all(&s->replace_queue);
@@ -646,12 +646,12 @@ extree_co_invalidate_cache(BlockDriverState *bs, Error **errp)
 
 static int GRAPH_RDLOCK extree_make_empty(BlockDriverState *bs)
 {
-    return extree_call_locked(bs, xt_make_empty_locked);
+    return xt_call_locked(bs, xt_make_empty_locked);
 }
 
 /* ---- Check ---- */
 
-static void extree_check_report(void *opaque, const char *msg)
+static void xt_check_report(void *opaque, const char *msg)
 {
     fprintf(stderr, "%s\n", msg);
 }
@@ -661,7 +661,7 @@ static void extree_check_report(void *opaque, const char *msg)
  * (qemu-img check's fragmentation figure).  Called with s->lock held.
  */
 static int coroutine_fn GRAPH_RDLOCK
-extree_count_fragments(BDRVExtreeState *s, BlockFragInfo *bfi)
+xt_count_fragments(BDRVExtreeState *s, BlockFragInfo *bfi)
 {
     uint64_t vsize = extree_virtual_size(s->t);
     uint64_t pos = 0, next_host = 0;
@@ -720,7 +720,7 @@ extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
         result->check_errors++;
         goto out;
     }
-    ret = extree_check_fix(s->t, core_fix, &r, extree_check_report, NULL);
+    ret = extree_check_fix(s->t, core_fix, &r, xt_check_report, NULL);
     if (ret < 0) {
         fprintf(stderr, "extree: check failed: %s\n", strerror(-ret));
         result->check_errors++;
@@ -750,7 +750,7 @@ extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
     result->bfi.total_clusters =
         DIV_ROUND_UP(extree_virtual_size(s->t), s->block_size);
     if (!result->corruptions) {
-        ret = extree_count_fragments(s, &result->bfi);
+        ret = xt_count_fragments(s, &result->bfi);
         if (ret < 0) {
             result->check_errors++;
         }
@@ -851,10 +851,10 @@ extree_co_change_backing_file(BlockDriverState *bs, const char *backing_file,
  * Everything that can be wrong with the creation options, checked before
  * anything is written.
  */
-static int extree_check_create(uint64_t size, uint64_t block_size,
-                               uint64_t node_size, const char *backing_file,
-                               bool has_backing_fmt, PreallocMode prealloc,
-                               Error **errp)
+static int xt_check_create(uint64_t size, uint64_t block_size,
+                           uint64_t node_size, const char *backing_file,
+                           bool has_backing_fmt, PreallocMode prealloc,
+                           Error **errp)
 {
     if (size > EXTREE_QEMU_MAX_SIZE) {
         error_setg(errp, "Image size must be at most %" PRIu64 " bytes",
@@ -905,7 +905,7 @@ static int extree_check_create(uint64_t size, uint64_t block_size,
     return 0;
 }
 
-static uint64_t extree_default_node_size(uint64_t block_size)
+static uint64_t xt_default_node_size(uint64_t block_size)
 {
     return MAX(EXTREE_DEFAULT_NODE_SIZE, block_size);
 }
@@ -930,11 +930,11 @@ extree_co_create(BlockdevCreateOptions *opts, Error **errp)
     block_size = xo->has_block_size ? xo->block_size
                                     : EXTREE_DEFAULT_BLOCK_SIZE;
     node_size = xo->has_node_size ? xo->node_size
-                                  : extree_default_node_size(block_size);
+                                  : xt_default_node_size(block_size);
     prealloc = xo->has_preallocation ? xo->preallocation : PREALLOC_MODE_OFF;
-    ret = extree_check_create(xo->size, block_size, node_size,
-                              xo->backing_file, xo->has_backing_fmt, prealloc,
-                              errp);
+    ret = xt_check_create(xo->size, block_size, node_size,
+                          xo->backing_file, xo->has_backing_fmt, prealloc,
+                          errp);
     if (ret < 0) {
         return ret;
     }
@@ -1047,11 +1047,11 @@ extree_co_create_opts(BlockDriver *drv, const char *filename, QemuOpts *opts,
         error_setg(errp, "Unknown backing file format '%s'", backing_fmt);
         return -EINVAL;
     }
-    ret = extree_check_create(size, block_size,
-                              qemu_opt_get_size(opts, EXTREE_OPT_NODE_SIZE,
-                                    extree_default_node_size(block_size)),
-                              qemu_opt_get(opts, BLOCK_OPT_BACKING_FILE),
-                              backing_fmt, prealloc, errp);
+    ret = xt_check_create(size, block_size,
+                          qemu_opt_get_size(opts, EXTREE_OPT_NODE_SIZE,
+                                            xt_default_node_size(block_size)),
+                          qemu_opt_get(opts, BLOCK_OPT_BACKING_FILE),
+                          backing_fmt, prealloc, errp);
     if (ret < 0) {
         return ret;
     }
@@ -1121,7 +1121,7 @@ static BlockMeasureInfo *extree_measure(QemuOpts *opts, BlockDriverState *in_bs,
     block_size = qemu_opt_get_size_del(opts, EXTREE_OPT_BLOCK_SIZE,
                                        EXTREE_DEFAULT_BLOCK_SIZE);
     node_size = qemu_opt_get_size_del(opts, EXTREE_OPT_NODE_SIZE,
-                                      extree_default_node_size(block_size));
+                                      xt_default_node_size(block_size));
     optstr = qemu_opt_get_del(opts, BLOCK_OPT_PREALLOC);
     prealloc = qapi_enum_parse(&PreallocMode_lookup, optstr,
                                PREALLOC_MODE_OFF, &local_err);
@@ -1143,8 +1143,8 @@ static BlockMeasureInfo *extree_measure(QemuOpts *opts, BlockDriverState *in_bs,
         }
         virtual_size = ROUND_UP(ssize, BDRV_SECTOR_SIZE);
     }
-    if (extree_check_create(virtual_size, block_size, node_size,
-                            optstr, false, prealloc, errp) < 0) {
+    if (xt_check_create(virtual_size, block_size, node_size,
+                        optstr, false, prealloc, errp) < 0) {
         return NULL;
     }
     vend = ROUND_UP(virtual_size, block_size);
