@@ -108,7 +108,7 @@ static void coroutine_mixed_fn xt_handle_corruption(BDRVExtreeState *s)
 
 /* ---- Lock, commit gate, commits ---- */
 
-void coroutine_fn xt_unlock(BDRVExtreeState *s)
+static inline void coroutine_fn xt_unlock(BDRVExtreeState *s)
 {
     if (unlikely(s->corrupt_pending)) {
         xt_handle_corruption(s);

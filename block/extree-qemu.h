@@ -164,9 +164,15 @@ extern const ExtreeBackendOps xt_file_backend_ops;
 /* Backend over a BlockBackend (opaque), for image creation */
 extern const ExtreeBackendOps xt_blk_backend_ops;
 
+/* Grow-ahead: the file reaches @end.  Called with s->lock held */
 void coroutine_fn GRAPH_RDLOCK xt_grow_file(BDRVExtreeState *s, uint64_t end);
+/* Before an update that may allocate @bytes of data.  s->lock held */
 void coroutine_fn GRAPH_RDLOCK xt_grow_before(BDRVExtreeState *s,
                                               uint64_t bytes);
+/*
+ * Cut the file back to host_end, right after a successful commit.  Called
+ * with s->lock held or from close
+ */
 void coroutine_mixed_fn GRAPH_RDLOCK xt_trim_file(BDRVExtreeState *s);
 
 /* ---- extree-io.c ---- */
@@ -182,14 +188,19 @@ static inline void coroutine_fn xt_queue_wait(BDRVExtreeState *s, CoQueue *q)
     qemu_co_queue_wait(q, &s->lock);
 }
 
-void coroutine_fn xt_unlock(BDRVExtreeState *s);
+/* Start a request: takes s->lock; -ENOMEDIUM without a core handle */
 int coroutine_fn xt_enter(BDRVExtreeState *s);
+/* End a request: drops s->lock (and handles a recorded corruption) */
 void coroutine_fn xt_leave(BDRVExtreeState *s);
 
+/* The core's corruption handler: records the corruption, nothing more */
 void xt_corrupt_cb(void *opaque, uint64_t offset, const char *msg);
 
+/* Commit with no request in flight: open, close, reopen, invalidation */
 int coroutine_mixed_fn GRAPH_RDLOCK xt_commit_now(BDRVExtreeState *s);
+/* Commit through the gate.  Called with s->lock held; may drop it */
 int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s);
+/* .bdrv_make_empty.  Called with s->lock held; may drop it */
 int coroutine_fn GRAPH_RDLOCK xt_make_empty_locked(BDRVExtreeState *s);
 
 /* BlockDriver callbacks */
