@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Check that extree's files call each other only downwards.
+
+    scripts/check-layers.py [--tap] [OBJECT_DIR ...]
+
+Reads the symbol tables of the compiled objects (nm): a file's undefined
+extree symbols are the functions and tables it uses from other files, and
+each must be defined by a file of a lower layer (LAYERS, bottom first; files
+of one layer may not call each other).  Default object directories: the
+core's in build/core and, if built, the QEMU driver's in build/qemu.
+docs/devel/extree.rst draws the same picture.  Exit status 1 on a violation.
+"""
+import glob
+import os
+import subprocess
+import sys
+
+# Bottom first.  One entry per layer; a tuple holds files of one layer.
+LAYERS = [
+    'extree-crc32c',
+    'extree-node',
+    ('extree-alloc', 'extree-btree'),
+    'extree-freetree',
+    'extree-extent',
+    'extree-txn',
+    'extree-check',
+    'extree-file',
+    'extree-io',
+    'extree',
+]
+
+
+def rank_of(name):
+    for i, layer in enumerate(LAYERS):
+        if name == layer or (isinstance(layer, tuple) and name in layer):
+            return i
+    return None
+
+
+def file_of(obj):
+    # meson names objects block_extree-node.c.o or libblock.a.p/...
+    base = os.path.basename(obj)
+    base = base[:-len('.c.o')] if base.endswith('.c.o') else base
+    return base.split('block_', 1)[-1]
+
+
+def symbols(obj):
+    out = subprocess.run(['nm', obj], check=True, capture_output=True,
+                         text=True).stdout
+    defined, used = set(), set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == 'U':
+            used.add(parts[1])
+        elif len(parts) == 3 and parts[1] in 'TDRB':
+            defined.add(parts[2])
+    return defined, used
+
+
+def main():
+    top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args = sys.argv[1:]
+    tap = bool(args) and args[0] == '--tap'
+    if tap:
+        args = args[1:]
+    dirs = args or [
+        os.path.join(top, 'build/core/libextree-core.a.p'),
+        os.path.join(top, 'build/qemu/libblock.a.p'),
+    ]
+    objs = []
+    for d in dirs:
+        objs += glob.glob(os.path.join(d, 'block_extree*.c.o'))
+    if not objs:
+        print('check-layers: no objects found in', ' '.join(dirs))
+        return 1
+    files = {}
+    for o in objs:
+        files[file_of(o)] = symbols(o)
+    owner = {}
+    for name, (defined, _) in files.items():
+        for sym in defined:
+            owner[sym] = name
+    bad = 0
+    for name, (_, used) in sorted(files.items()):
+        me = rank_of(name)
+        if me is None:
+            print(f'# check-layers: {name}.c is in no layer (LAYERS)')
+            bad += 1
+            continue
+        for sym in sorted(used):
+            callee = owner.get(sym)
+            if callee is None or callee == name:
+                continue
+            if rank_of(callee) >= me:
+                print(f'# check-layers: {name}.c uses {sym}() of {callee}.c, '
+                      'which is not below it')
+                bad += 1
+    print(f'# check-layers: {len(files)} files, {bad} upward or sideways '
+          'calls')
+    if tap:
+        print('1..1')
+        print(f'{"not ok" if bad else "ok"} 1 - layers: calls go downwards')
+    return 1 if bad else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
