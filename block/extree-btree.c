@@ -186,8 +186,8 @@ static int cow_node(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
     } else {
         uint8_t *ip = node_item(p->nodes[level + 1], p->slots[level + 1],
                                 EXT_PTR_ISZ);
-        ext_st64(ip + 8, bytenr);
-        ext_st64(ip + 16, t->trans_gen);
+        ext_st64(ip + EXT_KP_CHILD, bytenr);
+        ext_st64(ip + EXT_KP_GEN, t->trans_gen);
     }
     ret = t->sm.ops->dec_ref(t->sm.opaque, n->bytenr, t->node_size, true);
     extree_node_drop(t, n);
@@ -200,7 +200,7 @@ static int cow_node(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
 /* Remember @p as the last path of @tree: pin its nodes, unpin the old */
 static void pcache_store(Extree *t, ExtreeTree *tree, const ExtreePath *p)
 {
-    ExtreePath *pc = &t->pcache[tree->owner == EXTREE_TREE_FREE];
+    ExtreePath *pc = &t->pcache[tree->owner];
 
     for (int l = 0; l < EXTREE_MAX_LEVELS; l++) {
         ExtreeNode *n = l <= (int)tree->level ? p->nodes[l] : NULL;
@@ -227,7 +227,7 @@ static ExtreeNode *pcache_get(Extree *t, ExtreeTree *tree, uint64_t bytenr,
                               const ExtreeNodeExpect *e)
 {
     ExtreeNode *n =
-        t->pcache[tree->owner == EXTREE_TREE_FREE].nodes[e->level];
+        t->pcache[tree->owner].nodes[e->level];
 
     if (n && n->bytenr == bytenr && !n->orphan && extree_node_matches(n, e)) {
         extree_node_ref(n);
@@ -667,9 +667,9 @@ static int insert_at(Extree *t, ExtreeTree *tree, ExtreePath *p, int level,
     kp.bytes = extree_node_subtree_bytes(right);
     extree_node_unref(t, right);
     ext_st64(raw, kp.key);
-    ext_st64(raw + 8, kp.child);
-    ext_st64(raw + 16, kp.child_gen);
-    ext_st64(raw + 24, kp.bytes);
+    ext_st64(raw + EXT_KP_CHILD, kp.child);
+    ext_st64(raw + EXT_KP_GEN, kp.child_gen);
+    ext_st64(raw + EXT_KP_BYTES, kp.bytes);
     return insert_at(t, tree, p, level + 1, p->slots[level + 1] + 1, raw);
 }
 
@@ -822,10 +822,10 @@ static int delete_at(Extree *t, ExtreeTree *tree, ExtreePath *p, int level,
 static void encode_item(uint8_t *raw, const ExtreeItem *it)
 {
     ext_st64(raw, it->key);
-    ext_st64(raw + 8, it->length);
-    ext_st64(raw + 16, it->host);
-    ext_st32(raw + 24, it->type);
-    ext_st32(raw + 28, 0);
+    ext_st64(raw + EXT_IT_LEN, it->length);
+    ext_st64(raw + EXT_IT_HOST, it->host);
+    ext_st32(raw + EXT_IT_TYPE, it->type);
+    ext_st32(raw + EXT_IT_FLAGS, 0);
 }
 
 /* Write path to the item with key @key exactly */

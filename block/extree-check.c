@@ -277,7 +277,7 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
     }
     if (c->count_bad) {
         /* "-r all": the walk counted the extent tree's items */
-        t->trees[EXT_TREE_EXTENT].nitems = res->extents;
+        t->trees[EXTREE_TREE_EXTENT].nitems = res->extents;
         t->super_dirty = true;
         fixed++;
     }
@@ -358,8 +358,8 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
     for (int l = 0; l < EXTREE_MAX_LEVELS; l++) {
         c.bufs[l] = g_malloc(t->node_size);
     }
-    for (int i = 0; i < 2; i++) {
-        ExtreeTree *tree = &t->trees[i];
+    EXT_FOR_EACH_TREE(owner) {
+        ExtreeTree *tree = &t->trees[owner];
         ExtreeNodeExpect e;
         extree_tree_expect(t, tree, &e);
         c.has_last = false;
@@ -369,15 +369,15 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
         count(&c, false);
         say(&c, "corrupt extent tree node at offset 0x%" PRIx64 ": subtree "
             "bytes mismatch, have 0x%" PRIx64 " expect 0x%" PRIx64
-            " (superblock's extent_bytes)", t->trees[EXT_TREE_EXTENT].root,
-            t->trees[EXT_TREE_EXTENT].total, t->root_bytes_want);
+            " (superblock's extent_bytes)", t->trees[EXTREE_TREE_EXTENT].root,
+            t->trees[EXTREE_TREE_EXTENT].total, t->root_bytes_want);
     }
-    if (res->extents != t->trees[EXT_TREE_EXTENT].nitems) {
+    if (res->extents != t->trees[EXTREE_TREE_EXTENT].nitems) {
         res->corruptions++;
         c.count_bad = true;
         say(&c, "corrupt superblock at offset 0x%" PRIx64 ": extent_count "
             "mismatch, have %" PRIu64 " expect %" PRIu64, sb_off,
-            t->trees[EXT_TREE_EXTENT].nitems, res->extents);
+            t->trees[EXTREE_TREE_EXTENT].nitems, res->extents);
     }
     if (res->free_bytes != extree_sb_free_bytes(t)) {
         count(&c, true);

@@ -97,7 +97,7 @@ int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
          extree_alloc_is_free(t, it->host, bytes))) {
         return -EINVAL;
     }
-    ret = extree_bt_replace(t, &t->trees[EXT_TREE_EXTENT], it, guest, bytes,
+    ret = extree_bt_replace(t, &t->trees[EXTREE_TREE_EXTENT], it, guest, bytes,
                             release_space, &rc);
     if (ret < 0) {
         t->broken = true;
@@ -115,7 +115,7 @@ int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
 int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
                       uint64_t *host, uint64_t *got)
 {
-    ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
+    ExtreeTree *tree = &t->trees[EXTREE_TREE_EXTENT];
     uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
     ExtreeItem prev, next;
     bool hp, hn;
@@ -208,7 +208,7 @@ static inline int cursor_skip_ended(ExtreeCursor *c, const ExtreeNode *n,
 static int cursor_seek(ExtreeCursor *c, uint64_t guest)
 {
     Extree *t = c->t;
-    ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
+    ExtreeTree *tree = &t->trees[EXTREE_TREE_EXTENT];
     ExtreeNode *n;
     int slot, nr, ret;
 
@@ -272,7 +272,7 @@ cursor_query_slow(ExtreeCursor *c, uint64_t guest, uint64_t limit,
                   int coalesce, ExtreeRun *run)
 {
     Extree *t = c->t;
-    ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
+    ExtreeTree *tree = &t->trees[EXTREE_TREE_EXTENT];
     uint64_t end;
     ExtreeNode *n;
     ExtreeItem cur;

@@ -20,7 +20,7 @@
  */
 int extree_freetree_load(Extree *t, uint64_t expect_bytes)
 {
-    ExtreeTree *ft = &t->trees[EXT_TREE_FREE];
+    ExtreeTree *ft = &t->trees[EXTREE_TREE_FREE];
     ExtreePath p = { { 0 } };
     ExtreeItem it;
     uint64_t count = 0, total = 0;
@@ -55,7 +55,7 @@ int extree_freetree_load(Extree *t, uint64_t expect_bytes)
 /* Make [start, end) of the free tree say what the three sets say */
 static int sync_range(Extree *t, uint64_t start, uint64_t end)
 {
-    ExtreeTree *ft = &t->trees[EXT_TREE_FREE];
+    ExtreeTree *ft = &t->trees[EXTREE_TREE_FREE];
     uint64_t pos = start;
     int ret = 0;
 
@@ -89,7 +89,7 @@ static int sync_range(Extree *t, uint64_t start, uint64_t end)
  */
 int extree_freetree_sync(Extree *t)
 {
-    ExtreeTree *ft = &t->trees[EXT_TREE_FREE];
+    ExtreeTree *ft = &t->trees[EXTREE_TREE_FREE];
 
     for (int round = 0; round < 32; round++) {
         GArray *ops = extree_alloc_steal_log(t);
@@ -130,13 +130,13 @@ int extree_freetree_sync(Extree *t)
  */
 int extree_freetree_rebuild(Extree *t, GArray *used)
 {
-    ExtreeTree *ft = &t->trees[EXT_TREE_FREE];
+    ExtreeTree *ft = &t->trees[EXTREE_TREE_FREE];
     ExtreeNode *root;
     uint64_t bytenr;
     int ret;
 
     extree_alloc_reset_free(t, used);
-    extree_path_release(t, &t->pcache[EXT_TREE_FREE]);
+    extree_path_release(t, &t->pcache[EXTREE_TREE_FREE]);
     ret = t->sm.ops->new_node(t->sm.opaque, &bytenr);
     if (ret < 0) {
         return ret;

@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <string.h>
 #include <glib.h>
 
@@ -75,14 +76,26 @@ typedef struct ExtreeKeyPtr {
     uint64_t bytes;             /* child_bytes: leaf item lengths summed */
 } ExtreeKeyPtr;
 
-/* Node header field offsets (ExtreeDiskNodeHeader) */
-#define EXT_NH_CSUM     0
-#define EXT_NH_MAGIC    4
-#define EXT_NH_BYTENR   8
-#define EXT_NH_GEN      16
-#define EXT_NH_OWNER    24
-#define EXT_NH_LEVEL    28
-#define EXT_NH_NRITEMS  32
+/* Field offsets in node buffers, from the format's structs */
+#define EXT_NH_CSUM     offsetof(ExtreeDiskNodeHeader, csum)
+#define EXT_NH_MAGIC    offsetof(ExtreeDiskNodeHeader, magic)
+#define EXT_NH_BYTENR   offsetof(ExtreeDiskNodeHeader, bytenr)
+#define EXT_NH_GEN      offsetof(ExtreeDiskNodeHeader, generation)
+#define EXT_NH_OWNER    offsetof(ExtreeDiskNodeHeader, owner)
+#define EXT_NH_LEVEL    offsetof(ExtreeDiskNodeHeader, level)
+#define EXT_NH_NRITEMS  offsetof(ExtreeDiskNodeHeader, nritems)
+#define EXT_IT_KEY      offsetof(ExtreeDiskItem, key)
+#define EXT_IT_LEN      offsetof(ExtreeDiskItem, length)
+#define EXT_IT_HOST     offsetof(ExtreeDiskItem, host_offset)
+#define EXT_IT_TYPE     offsetof(ExtreeDiskItem, type)
+#define EXT_IT_FLAGS    offsetof(ExtreeDiskItem, flags)
+#define EXT_KP_KEY      offsetof(ExtreeDiskKeyPtr, key)
+#define EXT_KP_CHILD    offsetof(ExtreeDiskKeyPtr, child)
+#define EXT_KP_GEN      offsetof(ExtreeDiskKeyPtr, child_generation)
+#define EXT_KP_BYTES    offsetof(ExtreeDiskKeyPtr, child_bytes)
+#define EXT_RT_BYTENR   offsetof(ExtreeDiskRoot, bytenr)
+#define EXT_RT_GEN      offsetof(ExtreeDiskRoot, generation)
+#define EXT_RT_LEVEL    offsetof(ExtreeDiskRoot, level)
 #define EXT_LEAF_ISZ    ((int)sizeof(ExtreeDiskItem))
 #define EXT_PTR_ISZ     ((int)sizeof(ExtreeDiskKeyPtr))
 
@@ -141,24 +154,24 @@ static inline uint64_t leaf_key(const ExtreeNode *n, int i)
 }
 static inline uint64_t leaf_len(const ExtreeNode *n, int i)
 {
-    return ext_ld64(node_item(n, i, EXT_LEAF_ISZ) + 8);
+    return ext_ld64(node_item(n, i, EXT_LEAF_ISZ) + EXT_IT_LEN);
 }
 static inline void leaf_get(const ExtreeNode *n, int i, ExtreeItem *it)
 {
     const uint8_t *p = node_item(n, i, EXT_LEAF_ISZ);
-    it->key = ext_ld64(p);
-    it->length = ext_ld64(p + 8);
-    it->host = ext_ld64(p + 16);
-    it->type = ext_ld32(p + 24);
+    it->key = ext_ld64(p + EXT_IT_KEY);
+    it->length = ext_ld64(p + EXT_IT_LEN);
+    it->host = ext_ld64(p + EXT_IT_HOST);
+    it->type = ext_ld32(p + EXT_IT_TYPE);
 }
 static inline void leaf_set(ExtreeNode *n, int i, const ExtreeItem *it)
 {
     uint8_t *p = node_item(n, i, EXT_LEAF_ISZ);
-    ext_st64(p, it->key);
-    ext_st64(p + 8, it->length);
-    ext_st64(p + 16, it->host);
-    ext_st32(p + 24, it->type);
-    ext_st32(p + 28, 0);
+    ext_st64(p + EXT_IT_KEY, it->key);
+    ext_st64(p + EXT_IT_LEN, it->length);
+    ext_st64(p + EXT_IT_HOST, it->host);
+    ext_st32(p + EXT_IT_TYPE, it->type);
+    ext_st32(p + EXT_IT_FLAGS, 0);
 }
 static inline uint64_t ptr_key(const ExtreeNode *n, int i)
 {
@@ -167,26 +180,26 @@ static inline uint64_t ptr_key(const ExtreeNode *n, int i)
 static inline void ptr_get(const ExtreeNode *n, int i, ExtreeKeyPtr *kp)
 {
     const uint8_t *p = node_item(n, i, EXT_PTR_ISZ);
-    kp->key = ext_ld64(p);
-    kp->child = ext_ld64(p + 8);
-    kp->child_gen = ext_ld64(p + 16);
-    kp->bytes = ext_ld64(p + 24);
+    kp->key = ext_ld64(p + EXT_KP_KEY);
+    kp->child = ext_ld64(p + EXT_KP_CHILD);
+    kp->child_gen = ext_ld64(p + EXT_KP_GEN);
+    kp->bytes = ext_ld64(p + EXT_KP_BYTES);
 }
 static inline uint64_t ptr_get_child(const ExtreeNode *n, int i)
 {
-    return ext_ld64(node_item(n, i, EXT_PTR_ISZ) + 8);
+    return ext_ld64(node_item(n, i, EXT_PTR_ISZ) + EXT_KP_CHILD);
 }
 static inline uint64_t ptr_bytes(const ExtreeNode *n, int i)
 {
-    return ext_ld64(node_item(n, i, EXT_PTR_ISZ) + 24);
+    return ext_ld64(node_item(n, i, EXT_PTR_ISZ) + EXT_KP_BYTES);
 }
 static inline void ptr_set(ExtreeNode *n, int i, const ExtreeKeyPtr *kp)
 {
     uint8_t *p = node_item(n, i, EXT_PTR_ISZ);
-    ext_st64(p, kp->key);
-    ext_st64(p + 8, kp->child);
-    ext_st64(p + 16, kp->child_gen);
-    ext_st64(p + 24, kp->bytes);
+    ext_st64(p + EXT_KP_KEY, kp->key);
+    ext_st64(p + EXT_KP_CHILD, kp->child);
+    ext_st64(p + EXT_KP_GEN, kp->child_gen);
+    ext_st64(p + EXT_KP_BYTES, kp->bytes);
 }
 static inline uint64_t node_key(const ExtreeNode *n, int i)
 {
@@ -268,7 +281,11 @@ static inline bool extree_items_mergeable(const ExtreeItem *a,
 /* The piece [item->key, + item->length) of a leaf item left the tree */
 typedef int ExtreeRemovedFn(void *opaque, const ExtreeItem *piece);
 
-enum { EXT_TREE_EXTENT = 0, EXT_TREE_FREE = 1 };
+/* Per-tree arrays are indexed by the tree's owner number (slot 0 unused) */
+#define EXT_NTREES      (EXTREE_TREE_FREE + 1)
+#define EXT_FOR_EACH_TREE(owner) \
+    for (uint32_t owner = EXTREE_TREE_EXTENT; owner <= EXTREE_TREE_FREE; \
+         owner++)
 
 /* A logged change of free space, or just a host range */
 typedef struct ExtreeAllocOp {
@@ -319,7 +336,7 @@ struct Extree {
     char *backing_file, *backing_fmt;
     bool super_dirty;
 
-    ExtreeTree trees[2];
+    ExtreeTree trees[EXT_NTREES];
     struct ExtreeSuper *csb;    /* last committed superblock */
 
     /*
@@ -359,7 +376,7 @@ struct Extree {
      * search of the same leaf costs no lookup at all (alloc_data, map_data
      * and the free-tree sync search the same leaf several times)
      */
-    ExtreePath pcache[2];
+    ExtreePath pcache[EXT_NTREES];
     ExtreeFindCache fcache;
 
     /* Allocator (extree-alloc.c) */

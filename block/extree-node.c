@@ -384,11 +384,12 @@ static bool extent_leaf_ok(Extree *t, const uint8_t *buf, uint32_t nr,
     uint64_t prev_end = 0, bad = 0, total = 0;
 
     for (uint32_t i = 0; i < nr; i++, p += EXT_LEAF_ISZ) {
-        uint64_t key = ext_ld64(p), len = ext_ld64(p + 8);
-        uint64_t host = ext_ld64(p + 16);
-        uint32_t type = ext_ld32(p + 24);
+        uint64_t key = ext_ld64(p + EXT_IT_KEY);
+        uint64_t len = ext_ld64(p + EXT_IT_LEN);
+        uint64_t host = ext_ld64(p + EXT_IT_HOST);
+        uint32_t type = ext_ld32(p + EXT_IT_TYPE);
 
-        bad |= ext_ld32(p + 28) | ((key | len) & mask) | (len == 0) |
+        bad |= ext_ld32(p + EXT_IT_FLAGS) | ((key | len) & mask) | (len == 0) |
                (key < prev_end) | (key >= vend) | (len > vend - key);
         if (type == EXTREE_ITEM_DATA) {
             bad |= (host & mask) | (host < ds) | (host >= he) |
@@ -444,7 +445,8 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
                          const ExtreeNodeExpect *e, char **why)
 {
     uint32_t have_csum = ext_ld32(buf + EXT_NH_CSUM);
-    uint32_t csum = extree_crc32c(0, buf + 4, t->node_size - 4);
+    uint32_t csum = extree_crc32c(0, buf + EXT_NH_MAGIC,
+                                 t->node_size - EXT_NH_MAGIC);
     uint32_t magic = ext_ld32(buf + EXT_NH_MAGIC);
     uint64_t hb = ext_ld64(buf + EXT_NH_BYTENR);
     uint64_t gen = ext_ld64(buf + EXT_NH_GEN);
@@ -808,7 +810,8 @@ void extree_node_readahead(Extree *t, int n, const uint64_t *bytenr,
 /* Set the checksum of a node image about to be written */
 void extree_node_finish(Extree *t, uint8_t *buf)
 {
-    ext_st32(buf + EXT_NH_CSUM, extree_crc32c(0, buf + 4, t->node_size - 4));
+    ext_st32(buf + EXT_NH_CSUM, extree_crc32c(0, buf + EXT_NH_MAGIC,
+                                 t->node_size - EXT_NH_MAGIC));
 }
 
 static gint cmp_bytenr(gconstpointer a, gconstpointer b)
@@ -844,7 +847,7 @@ static int fix_subtree_bytes(Extree *t, GPtrArray *arr)
         }
         for (int k = 0; k < nr; k++) {
             uint8_t *ip = node_item(n, k, EXT_PTR_ISZ);
-            uint64_t child = ext_ld64(ip + 8);
+            uint64_t child = ext_ld64(ip + EXT_KP_CHILD);
             ExtreeNode *c = g_hash_table_lookup(t->cache, &child);
 
             if (!c || !c->dirty) {
@@ -870,7 +873,7 @@ static int fix_subtree_bytes(Extree *t, GPtrArray *arr)
                                       node_level(c), node_nritems(c) ?
                                       node_key(c, 0) : 0);
             }
-            ext_st64(ip + 24, extree_node_subtree_bytes(c));
+            ext_st64(ip + EXT_KP_BYTES, extree_node_subtree_bytes(c));
         }
     }
     return 0;

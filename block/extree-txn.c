@@ -21,8 +21,9 @@ typedef struct ExtreeSuper {
     uint64_t generation, incompat, compat, autoclear;
     uint64_t virtual_size, host_end;
     uint32_t block_size, node_size;
-    uint64_t root[2], root_gen[2];
-    unsigned root_level[2];
+    /* indexed by tree owner (EXT_NTREES) */
+    uint64_t root[EXT_NTREES], root_gen[EXT_NTREES];
+    unsigned root_level[EXT_NTREES];
     uint64_t extent_count, free_bytes;
     uint64_t extent_bytes;      /* valid with EXTREE_AUTOCLEAR_EXTENT_BYTES */
     char backing_file[EXTREE_BACKING_FILE_MAX + 1];
@@ -40,12 +41,19 @@ static uint32_t sb_csum(const uint8_t *buf)
                          EXTREE_SB_SIZE - SB_OFF(csum) - 4);
 }
 
+/* Where the superblock keeps the root of tree @owner */
+static size_t sb_root_off(uint32_t owner)
+{
+    return owner == EXTREE_TREE_FREE ? SB_OFF(free_root)
+                                     : SB_OFF(extent_root);
+}
+
 static void root_encode(uint8_t *p, uint64_t bytenr, uint64_t gen,
                         unsigned level)
 {
-    ext_st64(p, bytenr);
-    ext_st64(p + 8, gen);
-    p[16] = level;
+    ext_st64(p + EXT_RT_BYTENR, bytenr);
+    ext_st64(p + EXT_RT_GEN, gen);
+    p[EXT_RT_LEVEL] = level;
 }
 
 static void sb_encode(const ExtreeSuper *s, uint8_t *buf)
@@ -64,10 +72,10 @@ static void sb_encode(const ExtreeSuper *s, uint8_t *buf)
     ext_st32(buf + SB_OFF(block_size), s->block_size);
     ext_st32(buf + SB_OFF(node_size), s->node_size);
     ext_st64(buf + SB_OFF(host_end), s->host_end);
-    root_encode(buf + SB_OFF(extent_root), s->root[0], s->root_gen[0],
-                s->root_level[0]);
-    root_encode(buf + SB_OFF(free_root), s->root[1], s->root_gen[1],
-                s->root_level[1]);
+    EXT_FOR_EACH_TREE(o) {
+        root_encode(buf + sb_root_off(o), s->root[o], s->root_gen[o],
+                    s->root_level[o]);
+    }
     ext_st64(buf + SB_OFF(extent_count), s->extent_count);
     ext_st64(buf + SB_OFF(free_bytes), s->free_bytes);
     ext_st64(buf + SB_OFF(extent_bytes), s->extent_bytes);
@@ -138,11 +146,11 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     s->block_size = ext_ld32(buf + SB_OFF(block_size));
     s->node_size = ext_ld32(buf + SB_OFF(node_size));
     s->host_end = ext_ld64(buf + SB_OFF(host_end));
-    for (int i = 0; i < 2; i++) {
-        const uint8_t *r = buf + (i ? SB_OFF(free_root) : SB_OFF(extent_root));
-        s->root[i] = ext_ld64(r);
-        s->root_gen[i] = ext_ld64(r + 8);
-        s->root_level[i] = r[16];
+    EXT_FOR_EACH_TREE(o) {
+        const uint8_t *r = buf + sb_root_off(o);
+        s->root[o] = ext_ld64(r + EXT_RT_BYTENR);
+        s->root_gen[o] = ext_ld64(r + EXT_RT_GEN);
+        s->root_level[o] = r[EXT_RT_LEVEL];
     }
     s->extent_count = ext_ld64(buf + SB_OFF(extent_count));
     s->free_bytes = ext_ld64(buf + SB_OFF(free_bytes));
@@ -181,17 +189,16 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
         *why = g_strdup_printf("bad host_end 0x%" PRIx64, s->host_end);
         return -EINVAL;
     }
-    for (int i = 0; i < 2; i++) {
-        if (!EXTREE_IS_ALIGNED(s->root[i], s->block_size) ||
-            s->root[i] < data_start || s->root[i] >= s->host_end ||
-            s->host_end - s->root[i] < s->node_size ||
-            s->root_gen[i] == 0 || s->root_gen[i] > s->generation ||
-            s->root_level[i] >= EXTREE_MAX_LEVELS) {
+    EXT_FOR_EACH_TREE(o) {
+        if (!EXTREE_IS_ALIGNED(s->root[o], s->block_size) ||
+            s->root[o] < data_start || s->root[o] >= s->host_end ||
+            s->host_end - s->root[o] < s->node_size ||
+            s->root_gen[o] == 0 || s->root_gen[o] > s->generation ||
+            s->root_level[o] >= EXTREE_MAX_LEVELS) {
             *why = g_strdup_printf("bad %s root, have offset 0x%" PRIx64
                                    " generation %" PRIu64 " level %u",
-                                   i ? "free tree" : "extent tree",
-                                   s->root[i], s->root_gen[i],
-                                   s->root_level[i]);
+                                   extree_tree_name(o), s->root[o],
+                                   s->root_gen[o], s->root_level[o]);
             return -EINVAL;
         }
     }
@@ -243,14 +250,14 @@ static void super_from_tree(Extree *t, ExtreeSuper *s)
     s->block_size = t->block_size;
     s->node_size = t->node_size;
     s->host_end = t->host_end;
-    for (int i = 0; i < 2; i++) {
-        s->root[i] = t->trees[i].root;
-        s->root_gen[i] = t->trees[i].root_gen;
-        s->root_level[i] = t->trees[i].level;
+    EXT_FOR_EACH_TREE(o) {
+        s->root[o] = t->trees[o].root;
+        s->root_gen[o] = t->trees[o].root_gen;
+        s->root_level[o] = t->trees[o].level;
     }
-    s->extent_count = t->trees[EXT_TREE_EXTENT].nitems;
-    s->free_bytes = t->trees[EXT_TREE_FREE].total;
-    s->extent_bytes = t->trees[EXT_TREE_EXTENT].total;
+    s->extent_count = t->trees[EXTREE_TREE_EXTENT].nitems;
+    s->free_bytes = t->trees[EXTREE_TREE_FREE].total;
+    s->extent_bytes = t->trees[EXTREE_TREE_EXTENT].total;
     s->autoclear = EXTREE_AUTOCLEAR_EXTENT_BYTES;
     g_strlcpy(s->backing_file, t->backing_file ? t->backing_file : "",
               sizeof(s->backing_file));
@@ -386,9 +393,10 @@ int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
     s.block_size = bs;
     s.node_size = ns;
     s.host_end = data_start + 2 * (uint64_t)ns;
-    for (int i = 0; i < 2; i++) {
-        s.root[i] = data_start + i * (uint64_t)ns;
-        s.root_gen[i] = 1;
+    /* the extent tree's root first, then the free tree's */
+    EXT_FOR_EACH_TREE(o) {
+        s.root[o] = data_start + (o - EXTREE_TREE_EXTENT) * (uint64_t)ns;
+        s.root_gen[o] = 1;
     }
     g_strlcpy(s.backing_file, p->backing_file ? p->backing_file : "",
               sizeof(s.backing_file));
@@ -397,15 +405,18 @@ int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
 
     node = g_malloc0(ns);
     buf = g_malloc(EXTREE_SB_SIZE);
-    for (int i = 0; i < 2 && ret == 0; i++) {
+    EXT_FOR_EACH_TREE(o) {
+        if (ret < 0) {
+            break;
+        }
         memset(node, 0, ns);
         ext_st32(node + EXT_NH_MAGIC, EXTREE_NODE_MAGIC);
-        ext_st64(node + EXT_NH_BYTENR, s.root[i]);
+        ext_st64(node + EXT_NH_BYTENR, s.root[o]);
         ext_st64(node + EXT_NH_GEN, 1);
-        ext_st32(node + EXT_NH_OWNER, i ? EXTREE_TREE_FREE
-                                        : EXTREE_TREE_EXTENT);
-        ext_st32(node + EXT_NH_CSUM, extree_crc32c(0, node + 4, ns - 4));
-        ret = be->ops->pwrite(be->opaque, s.root[i], node, ns);
+        ext_st32(node + EXT_NH_OWNER, o);
+        ext_st32(node + EXT_NH_CSUM,
+                 extree_crc32c(0, node + EXT_NH_MAGIC, ns - EXT_NH_MAGIC));
+        ret = be->ops->pwrite(be->opaque, s.root[o], node, ns);
     }
     if (ret == 0) {
         ret = be->ops->flush(be->opaque);
@@ -435,13 +446,12 @@ int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
     return ret;
 }
 
-static void tree_init(ExtreeTree *tree, uint32_t owner, const ExtreeSuper *s,
-                      int i)
+static void tree_init(ExtreeTree *tree, uint32_t owner, const ExtreeSuper *s)
 {
     tree->owner = owner;
-    tree->root = s->root[i];
-    tree->root_gen = s->root_gen[i];
-    tree->level = s->root_level[i];
+    tree->root = s->root[owner];
+    tree->root_gen = s->root_gen[owner];
+    tree->level = s->root_level[owner];
     tree->nitems = 0;
     tree->total = 0;
 }
@@ -600,10 +610,11 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
                       g_strdup(sb[best].backing_file) : NULL;
     t->backing_fmt = sb[best].backing_fmt[0] ?
                      g_strdup(sb[best].backing_fmt) : NULL;
-    tree_init(&t->trees[EXT_TREE_EXTENT], EXTREE_TREE_EXTENT, &sb[best], 0);
-    tree_init(&t->trees[EXT_TREE_FREE], EXTREE_TREE_FREE, &sb[best], 1);
-    t->trees[EXT_TREE_EXTENT].nitems = sb[best].extent_count;
-    t->trees[EXT_TREE_FREE].total = sb[best].free_bytes;
+    EXT_FOR_EACH_TREE(owner) {
+        tree_init(&t->trees[owner], owner, &sb[best]);
+    }
+    t->trees[EXTREE_TREE_EXTENT].nitems = sb[best].extent_count;
+    t->trees[EXTREE_TREE_FREE].total = sb[best].free_bytes;
     t->csb = g_new(ExtreeSuper, 1);
     *t->csb = sb[best];
     t->cache_limit = MAX((o->cache_size ? o->cache_size
@@ -626,7 +637,7 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
      * handle without an allocator, for extree_check() to rebuild it.
      */
     {
-        ExtreeTree *et = &t->trees[EXT_TREE_EXTENT];
+        ExtreeTree *et = &t->trees[EXTREE_TREE_EXTENT];
         ExtreeNodeExpect e;
         ExtreeNode *n;
         extree_tree_expect(t, et, &e);
@@ -684,8 +695,8 @@ void extree_close(Extree *t)
     if (!t) {
         return;
     }
-    for (int i = 0; i < 2; i++) {
-        extree_path_release(t, &t->pcache[i]);
+    EXT_FOR_EACH_TREE(o) {
+        extree_path_release(t, &t->pcache[o]);
     }
     extree_cache_destroy(t);
     extree_alloc_destroy(t);
@@ -969,12 +980,12 @@ uint64_t extree_generation(const Extree *t)
 
 uint64_t extree_extent_count(const Extree *t)
 {
-    return t->trees[EXT_TREE_EXTENT].nitems;
+    return t->trees[EXTREE_TREE_EXTENT].nitems;
 }
 
 unsigned extree_depth(const Extree *t)
 {
-    return t->trees[EXT_TREE_EXTENT].level + 1;
+    return t->trees[EXTREE_TREE_EXTENT].level + 1;
 }
 
 uint64_t extree_free_bytes(const Extree *t)

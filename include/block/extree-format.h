@@ -184,6 +184,25 @@ _Static_assert(__builtin_offsetof(ExtreeDiskSuper, backing_fmt) == 1024, "sb");
 _Static_assert(__builtin_offsetof(ExtreeDiskSuper, backing_file) == 2048,
                "sb");
 _Static_assert(sizeof(ExtreeDiskNodeHeader) == 64, "node header size");
+_Static_assert(__builtin_offsetof(ExtreeDiskNodeHeader, magic) == 4, "node");
+_Static_assert(__builtin_offsetof(ExtreeDiskNodeHeader, bytenr) == 8, "node");
+_Static_assert(__builtin_offsetof(ExtreeDiskNodeHeader, generation) == 16,
+               "node");
+_Static_assert(__builtin_offsetof(ExtreeDiskNodeHeader, owner) == 24, "node");
+_Static_assert(__builtin_offsetof(ExtreeDiskNodeHeader, level) == 28, "node");
+_Static_assert(__builtin_offsetof(ExtreeDiskNodeHeader, nritems) == 32,
+               "node");
+_Static_assert(__builtin_offsetof(ExtreeDiskKeyPtr, child) == 8, "key ptr");
+_Static_assert(__builtin_offsetof(ExtreeDiskKeyPtr, child_generation) == 16,
+               "key ptr");
+_Static_assert(__builtin_offsetof(ExtreeDiskKeyPtr, child_bytes) == 24,
+               "key ptr");
+_Static_assert(__builtin_offsetof(ExtreeDiskItem, length) == 8, "item");
+_Static_assert(__builtin_offsetof(ExtreeDiskItem, host_offset) == 16, "item");
+_Static_assert(__builtin_offsetof(ExtreeDiskItem, type) == 24, "item");
+_Static_assert(__builtin_offsetof(ExtreeDiskItem, flags) == 28, "item");
+_Static_assert(__builtin_offsetof(ExtreeDiskRoot, generation) == 8, "root");
+_Static_assert(__builtin_offsetof(ExtreeDiskRoot, level) == 16, "root");
 _Static_assert(sizeof(ExtreeDiskKeyPtr) == 32, "interior item size");
 _Static_assert(sizeof(ExtreeDiskItem) == 32, "leaf item size");
 

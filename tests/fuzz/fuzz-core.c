@@ -815,11 +815,11 @@ static const FzRef *pick_ref(FzRun *r, Extree *t, const uint8_t *orig,
     const FzRef *ref;
     uint8_t *alt;
 
-    if (t->trees[EXT_TREE_EXTENT].root == ext_ld64(newest + 80)) {
+    if (t->trees[EXTREE_TREE_EXTENT].root == ext_ld64(newest + 80)) {
         return r->ref;
     }
     if (len < EXTREE_SB_AREA || !fz_sb_ok(other) ||
-        t->trees[EXT_TREE_EXTENT].root != ext_ld64(other + 80)) {
+        t->trees[EXTREE_TREE_EXTENT].root != ext_ld64(other + 80)) {
         return NULL;
     }
     alt = g_memdup2(orig, len);

@@ -256,7 +256,7 @@ static void test_new_node_over_live(void)
 {
     ExtreeBackend *be = make_image();
     Extree *t = ct_open(be);
-    ExtreeTree *tree = &t->trees[EXT_TREE_EXTENT];
+    ExtreeTree *tree = &t->trees[EXTREE_TREE_EXTENT];
     ExtreeNodeExpect e;
     ExtreeNode *root, *n;
 

@@ -101,7 +101,7 @@ typedef struct Fixture {
 
 static ExtreeTree *tree_of(Fixture *f)
 {
-    return &f->t->trees[EXT_TREE_EXTENT];
+    return &f->t->trees[EXTREE_TREE_EXTENT];
 }
 
 static void fx_init(Fixture *f)
@@ -141,8 +141,8 @@ static void fx_init(Fixture *f)
 
 static void fx_destroy(Fixture *f)
 {
-    for (int i = 0; i < 2; i++) {
-        extree_path_release(f->t, &f->t->pcache[i]);
+    EXT_FOR_EACH_TREE(owner) {
+        extree_path_release(f->t, &f->t->pcache[owner]);
     }
     extree_cache_destroy(f->t);
     g_free(f->t);
@@ -157,8 +157,8 @@ static void fx_persist(Fixture *f)
 
     g_assert_cmpint(extree_node_write_dirty(t), ==, 0);
     extree_node_commit_done(t);
-    for (int i = 0; i < 2; i++) {
-        extree_path_release(t, &t->pcache[i]);
+    EXT_FOR_EACH_TREE(owner) {
+        extree_path_release(t, &t->pcache[owner]);
     }
     t->fcache.valid = false;
     extree_cache_destroy(t);
