@@ -89,6 +89,12 @@ static const char *const extree_mutable_opts[] = {
     NULL
 };
 
+/* ---- Commit timer, AioContext ---- */
+
+/*
+ * The commit timer is armed by xt_update_done() (extree-io.c) on the first
+ * change after a commit; it commits in a coroutine, through the gate.
+ */
 static void coroutine_fn xt_commit_timer_entry(void *opaque)
 {
     BDRVExtreeState *s = opaque;
