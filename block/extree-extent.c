@@ -479,3 +479,40 @@ int extree_lookup(Extree *t, uint64_t guest, uint64_t bytes, ExtreeRun *runs,
     extree_cursor_release(&c);
     return ret;
 }
+
+/*
+ * qemu-img check's figures: blocks of DATA, and DATA runs that do not
+ * continue in the host file where the previous one ended.  One forward
+ * walk: O(extents).
+ */
+int extree_count_fragments(Extree *t, uint64_t *data_blocks,
+                           uint64_t *fragments)
+{
+    uint64_t pos = 0, next_host = 0;
+    ExtreeCursor c;
+    int ret = 0;
+
+    *data_blocks = *fragments = 0;
+    extree_cursor_init(&c, t);
+    while (pos < t->virtual_size) {
+        ExtreeRun run;
+
+        ret = extree_cursor_query(&c, pos, t->virtual_size - pos,
+                                  EXTREE_COALESCE_HOST, &run);
+        if (ret < 0) {
+            break;
+        }
+        if (run.type == EXTREE_RUN_DATA) {
+            uint64_t blocks = EXTREE_ROUND_UP(run.length, t->block_size) /
+                              t->block_size;
+            *data_blocks += blocks;
+            if (next_host && run.host != next_host) {
+                (*fragments)++;
+            }
+            next_host = run.host + blocks * t->block_size;
+        }
+        pos += run.length;
+    }
+    extree_cursor_release(&c);
+    return ret;
+}

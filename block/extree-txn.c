@@ -327,21 +327,60 @@ static int write_super_t(Extree *t, const ExtreeSuper *s)
 
 static int check_backing(const char *file, const char *fmt, char **errmsg)
 {
+    if (fmt && *fmt && !(file && *file)) {
+        *errmsg = g_strdup("Backing format cannot be used without backing "
+                           "file");
+        return -EINVAL;
+    }
     if (file && strlen(file) > EXTREE_BACKING_FILE_MAX) {
-        *errmsg = g_strdup_printf("Backing file name too long (max %d bytes)",
-                                  EXTREE_BACKING_FILE_MAX);
+        *errmsg = g_strdup_printf("Backing file name too long (at most %d "
+                                  "bytes)", EXTREE_BACKING_FILE_MAX);
         return -EINVAL;
     }
     if (fmt && strlen(fmt) > EXTREE_BACKING_FMT_MAX) {
-        *errmsg = g_strdup_printf("Backing format name too long (max %d "
+        *errmsg = g_strdup_printf("Backing format name too long (at most %d "
                                   "bytes)", EXTREE_BACKING_FMT_MAX);
         return -EINVAL;
     }
-    if (fmt && *fmt && !(file && *file)) {
-        *errmsg = g_strdup("Backing format given without a backing file");
+    return 0;
+}
+
+int extree_create_check(const ExtreeCreateParams *p, char **errmsg)
+{
+    uint32_t bs = p->block_size ? p->block_size : EXTREE_DEFAULT_BLOCK_SIZE;
+    uint32_t ns = p->node_size ? p->node_size : EXTREE_DEFAULT_NODE_SIZE;
+
+    *errmsg = NULL;
+    if (p->virtual_size > EXTREE_MAX_VIRTUAL_SIZE) {
+        *errmsg = g_strdup_printf("Image size must be at most %" PRIu64
+                                  " bytes", (uint64_t)EXTREE_MAX_VIRTUAL_SIZE);
         return -EINVAL;
     }
-    return 0;
+    if (p->virtual_size % 512) {
+        *errmsg = g_strdup("Image size must be a multiple of 512 bytes");
+        return -EINVAL;
+    }
+    /* a block never exceeds its node, so nodes bound blocks too */
+    if (!is_pow2_in(bs, EXTREE_MIN_BLOCK_SIZE,
+                    MIN(EXTREE_MAX_BLOCK_SIZE, EXTREE_MAX_NODE_SIZE))) {
+        *errmsg = g_strdup_printf("Block size must be a power of two between "
+                                  "%d and %d bytes", EXTREE_MIN_BLOCK_SIZE,
+                                  MIN(EXTREE_MAX_BLOCK_SIZE,
+                                      EXTREE_MAX_NODE_SIZE));
+        return -EINVAL;
+    }
+    if (!is_pow2_in(ns, EXTREE_MIN_NODE_SIZE, EXTREE_MAX_NODE_SIZE)) {
+        *errmsg = g_strdup_printf("Node size must be a power of two between "
+                                  "%d and %d bytes", EXTREE_MIN_NODE_SIZE,
+                                  EXTREE_MAX_NODE_SIZE);
+        return -EINVAL;
+    }
+    if (ns < bs) {
+        *errmsg = g_strdup_printf("Node size (%u) must not be smaller than "
+                                  "the block size (%u)", ns, bs);
+        return -EINVAL;
+    }
+    return check_backing(p->backing_file, p->backing_fmt, errmsg);
 }
 
 /*
@@ -361,27 +400,7 @@ int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
     bool sum_ok;
     int ret;
 
-    *errmsg = NULL;
-    if (!is_pow2_in(bs, EXTREE_MIN_BLOCK_SIZE, EXTREE_MAX_BLOCK_SIZE)) {
-        *errmsg = g_strdup_printf("Block size must be a power of two between "
-                                  "%d and %d", EXTREE_MIN_BLOCK_SIZE,
-                                  EXTREE_MAX_BLOCK_SIZE);
-        return -EINVAL;
-    }
-    if (!is_pow2_in(ns, EXTREE_MIN_NODE_SIZE, EXTREE_MAX_NODE_SIZE) ||
-        ns < bs) {
-        *errmsg = g_strdup_printf("Node size must be a power of two between "
-                                  "%d and %d and at least the block size",
-                                  EXTREE_MIN_NODE_SIZE, EXTREE_MAX_NODE_SIZE);
-        return -EINVAL;
-    }
-    if (p->virtual_size % 512 || p->virtual_size > EXTREE_MAX_VIRTUAL_SIZE) {
-        *errmsg = g_strdup_printf("Virtual size must be a multiple of 512 and"
-                                  " at most %" PRIu64,
-                                  (uint64_t)EXTREE_MAX_VIRTUAL_SIZE);
-        return -EINVAL;
-    }
-    ret = check_backing(p->backing_file, p->backing_fmt, errmsg);
+    ret = extree_create_check(p, errmsg);
     if (ret < 0) {
         return ret;
     }

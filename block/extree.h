@@ -110,8 +110,15 @@ typedef struct ExtreeOpenOptions {
 typedef void ExtreeCorruptFn(void *opaque, uint64_t offset, const char *msg);
 
 /*
- * Validate @p (message in *@errmsg, g_malloc'd), write an empty extent
- * tree and free tree and both superblock slots (generation 1), flush.
+ * Everything that can be wrong with @p, checked before anything is
+ * written: -EINVAL with the message in *@errmsg (g_malloc'd), as a user
+ * should see it.
+ */
+int extree_create_check(const ExtreeCreateParams *p, char **errmsg);
+
+/*
+ * extree_create_check() @p, write an empty extent tree and free tree and
+ * both superblock slots (generation 1), flush.
  */
 int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
                   char **errmsg);
@@ -316,6 +323,14 @@ int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
  */
 int extree_cursor_query_cached(ExtreeCursor *c, uint64_t guest,
                                uint64_t max_bytes, ExtreeRun *run);
+
+/*
+ * For qemu-img check: *@data_blocks = blocks mapped as DATA, *@fragments =
+ * DATA runs that do not start where the previous one ended in the host
+ * file.  O(extents).
+ */
+int extree_count_fragments(Extree *t, uint64_t *data_blocks,
+                           uint64_t *fragments);
 
 /*
  * Consecutive runs (COALESCE_HOST) covering [guest, guest + bytes), at most

@@ -702,12 +702,55 @@ static void test_skewed_keys(void)
     extree_mem_backend_free(be);
 }
 
+/* qemu-img check's figures: DATA blocks and host discontinuities */
+static void test_count_fragments(void)
+{
+    ExtreeBackend *be = ct_create(1 << 20, BS, NS);
+    Extree *t = ct_open(be);
+    uint64_t data, frags, host, got;
+
+    g_assert_cmpint(extree_count_fragments(t, &data, &frags), ==, 0);
+    g_assert_cmpuint(data, ==, 0);
+    g_assert_cmpuint(frags, ==, 0);
+
+    /* blocks 0-3 and 8-9 follow each other on the host: one run */
+    ct_write(t, 0, 4 * BS);
+    ct_write(t, 8 * BS, 2 * BS);
+    /* a zero run and a hole between them change nothing */
+    g_assert_cmpint(extree_set_zero(t, 4 * BS, 2 * BS), ==, 0);
+    g_assert_cmpint(extree_count_fragments(t, &data, &frags), ==, 0);
+    g_assert_cmpuint(data, ==, 6);
+    g_assert_cmpuint(frags, ==, 0);
+
+    /* blocks 20 and 40 get the next host blocks: still in host order */
+    g_assert_cmpint(extree_alloc_data(t, 20 * BS, BS, &host, &got), ==, 0);
+    g_assert_cmpint(extree_map_data(t, 20 * BS, BS, host), ==, 0);
+    g_assert_cmpint(extree_alloc_data(t, 30 * BS, BS, &host, &got), ==, 0);
+    g_assert_cmpint(extree_map_data(t, 40 * BS, BS, host), ==, 0);
+    g_assert_cmpint(extree_count_fragments(t, &data, &frags), ==, 0);
+    g_assert_cmpuint(data, ==, 8);
+    g_assert_cmpuint(frags, ==, 0);
+
+    /*
+     * re-map block 2 past the end: the jumps to block 2's new place and
+     * back to block 3 are two fragments
+     */
+    g_assert_cmpint(extree_alloc_data(t, 50 * BS, BS, &host, &got), ==, 0);
+    g_assert_cmpint(extree_map_data(t, 2 * BS, BS, host), ==, 0);
+    g_assert_cmpint(extree_count_fragments(t, &data, &frags), ==, 0);
+    g_assert_cmpuint(data, ==, 8);
+    g_assert_cmpuint(frags, ==, 2);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/btree/skewed-keys", test_skewed_keys);
     g_test_add_func("/btree/coalesce-and-lookup", test_coalesce_and_lookup);
     g_test_add_func("/btree/alloc-query-skips", test_alloc_query_skips);
+    g_test_add_func("/btree/count-fragments", test_count_fragments);
     g_test_add_func("/btree/cursor-invalidation", test_cursor_invalidation);
     g_test_add_func("/btree/cursor-query-cached", test_cursor_query_cached);
     g_test_add_func("/btree/readahead-failures", test_readahead_failures);

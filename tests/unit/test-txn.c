@@ -44,6 +44,61 @@ static void test_create_params(void)
     extree_mem_backend_free(be);
 }
 
+/* The messages a user sees, each check on its own, nothing written */
+static void test_create_check(void)
+{
+    static const struct {
+        uint64_t size;
+        uint32_t bs, ns;
+        const char *file, *fmt, *msg;
+    } bad[] = {
+        { 1ull << 63, 0, 0, NULL, NULL,
+          "Image size must be at most 9223372036852678656 bytes" },
+        { 1000, 0, 0, NULL, NULL,
+          "Image size must be a multiple of 512 bytes" },
+        { 1 << 20, 1000, 0, NULL, NULL,
+          "Block size must be a power of two between 512 and 1048576 bytes" },
+        { 1 << 20, 2 << 20, 0, NULL, NULL,
+          "Block size must be a power of two between 512 and 1048576 bytes" },
+        { 1 << 20, 0, 2048, NULL, NULL,
+          "Node size must be a power of two between 4096 and 1048576 bytes" },
+        { 1 << 20, 65536, 16384, NULL, NULL,
+          "Node size (16384) must not be smaller than the block size "
+          "(65536)" },
+        { 1 << 20, 0, 0, NULL, "qcow2",
+          "Backing format cannot be used without backing file" },
+    };
+    ExtreeBackend *be = extree_mem_backend_new();
+    char longname[EXTREE_BACKING_FILE_MAX + 2];
+    char *err = NULL;
+
+    for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+        ExtreeCreateParams p = { bad[i].size, bad[i].bs, bad[i].ns,
+                                 bad[i].file, bad[i].fmt };
+        g_assert_cmpint(extree_create_check(&p, &err), ==, -EINVAL);
+        g_assert_cmpstr(err, ==, bad[i].msg);
+        g_clear_pointer(&err, g_free);
+        g_assert_cmpint(extree_create(be, &p, &err), ==, -EINVAL);
+        g_assert_cmpstr(err, ==, bad[i].msg);
+        g_clear_pointer(&err, g_free);
+        g_assert_cmpuint(extree_mem_backend_pages(be), ==, 0);
+    }
+    memset(longname, 'a', sizeof(longname) - 1);
+    longname[sizeof(longname) - 1] = 0;
+    {
+        ExtreeCreateParams p = { .virtual_size = 1 << 20,
+                                 .backing_file = longname };
+        g_assert_cmpint(extree_create_check(&p, &err), ==, -EINVAL);
+        g_assert_cmpstr(err, ==, "Backing file name too long (at most 1023 "
+                                 "bytes)");
+        g_clear_pointer(&err, g_free);
+        longname[EXTREE_BACKING_FILE_MAX] = 0;
+        g_assert_cmpint(extree_create_check(&p, &err), ==, 0);
+        g_assert_null(err);
+    }
+    extree_mem_backend_free(be);
+}
+
 static void test_commit_reopen(void)
 {
     ExtreeBackend *be;
@@ -1075,6 +1130,7 @@ int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/txn/create-params", test_create_params);
+    g_test_add_func("/txn/create-check", test_create_check);
     g_test_add_func("/txn/commit-reopen", test_commit_reopen);
     g_test_add_func("/txn/torn-super", test_torn_super);
     g_test_add_func("/txn/features", test_features);
