@@ -13,7 +13,9 @@
 #
 # Outputs (fixed paths): build/qemu/{qemu-img,qemu-io,qemu-nbd,
 # qemu-system-x86_64,storage-daemon/qemu-storage-daemon,
-# tests/qemu-iotests/check}, build/qemu-version.txt
+# tests/qemu-iotests/check}, build/qemu-version.txt, and
+# build/qemu/qemu-img-stock (qemu-img without extree's patches to
+# qemu-img.c, see scripts/build-qemu-img-stock.sh)
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -133,11 +135,16 @@ if ! ninja -C "$blddir" -j "$jobs" "${targets[@]}" > "$top/build/qemu-build.log"
 fi
 tail -n 1 "$top/build/qemu-build.log"
 
+# qemu-img without the patches to qemu-img.c, linked with the same objects,
+# for the tests that compare the two (extree-map-stock).
+"$top/scripts/build-qemu-img-stock.sh" "$src" "$blddir" ||
+    die "building build/qemu/qemu-img-stock failed"
+
 # --- 5. Firmware -------------------------------------------------------------
 "$top/scripts/firmware.sh" "$blddir"
 
-for f in qemu-img qemu-io qemu-nbd storage-daemon/qemu-storage-daemon qemu-system-x86_64 \
-         tests/qemu-iotests/check; do
+for f in qemu-img qemu-img-stock qemu-io qemu-nbd storage-daemon/qemu-storage-daemon \
+         qemu-system-x86_64 tests/qemu-iotests/check; do
     [ -x "$blddir/$f" ] || die "expected output $blddir/$f is missing"
 done
 say "done: $(cat "$top/build/qemu-version.txt")"
