@@ -264,13 +264,10 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s)
  */
 static void coroutine_fn GRAPH_RDLOCK xt_update_done(BDRVExtreeState *s)
 {
-    ExtreeStats st;
-
     if (s->core_read_only || !extree_is_dirty(s->t)) {
         return;
     }
-    extree_stats(s->t, &st);
-    if (st.dirty_nodes * s->node_size >= s->dirty_limit) {
+    if (extree_commit_wanted(s->t)) {
         /* A failure is reported by the next flush, which retries */
         xt_commit_locked(s);
         return;

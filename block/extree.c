@@ -41,15 +41,6 @@
 #define EXTREE_DEFAULT_COMMIT_INTERVAL  5           /* seconds */
 #define EXTREE_MAX_COMMIT_INTERVAL      (24 * 3600) /* seconds */
 
-/*
- * The core's own forced commit (ExtreeOpenOptions.dirty_limit) could run in
- * the middle of an update while another request has allocated host space
- * it has not mapped yet.  The driver bounds dirty metadata itself, at points
- * where no request is in flight (xt_commit_locked()), and keeps the
- * core's limit out of the way.
- */
-#define EXTREE_CORE_DIRTY_LIMIT_OFF     (UINT64_MAX / 2)
-
 typedef struct ExtreeReopenState {
     Extree *t;                          /* new core handle, or NULL */
     bool core_read_only;
@@ -219,7 +210,13 @@ xt_open_core(BDRVExtreeState *s, int flags, uint64_t cache_size,
     ExtreeOpenOptions o = {
         .read_only = !(flags & BDRV_O_RDWR) || (flags & BDRV_O_INACTIVE),
         .cache_size = cache_size,
-        .dirty_limit = EXTREE_CORE_DIRTY_LIMIT_OFF,
+        /*
+         * A commit must wait for requests that hold allocated space they
+         * have not mapped yet: the driver commits through its gate when
+         * the core wants it (xt_update_done())
+         */
+        .dirty_limit = s->dirty_limit,
+        .commit_by_caller = true,
         .repair = (flags & BDRV_O_CHECK) && (flags & BDRV_O_RDWR),
         .check = flags & BDRV_O_CHECK,
     };
@@ -663,41 +660,6 @@ static void xt_check_report(void *opaque, const char *msg)
 }
 
 /*
- * Count DATA extents that do not follow the previous one in the host file
- * (qemu-img check's fragmentation figure).  Called with s->lock held.
- */
-static int coroutine_fn GRAPH_RDLOCK
-xt_count_fragments(BDRVExtreeState *s, BlockFragInfo *bfi)
-{
-    uint64_t vsize = extree_virtual_size(s->t);
-    uint64_t pos = 0, next_host = 0;
-    ExtreeCursor cur;
-    int ret = 0;
-
-    extree_cursor_init(&cur, s->t);
-    while (pos < vsize) {
-        ExtreeRun run;
-
-        ret = extree_cursor_query(&cur, pos, vsize - pos,
-                                  EXTREE_COALESCE_HOST, &run);
-        if (ret < 0) {
-            break;
-        }
-        if (run.type == EXTREE_RUN_DATA) {
-            uint64_t blocks = DIV_ROUND_UP(run.length, s->block_size);
-            bfi->allocated_clusters += blocks;
-            if (next_host && run.host != next_host) {
-                bfi->fragmented_clusters++;
-            }
-            next_host = run.host + blocks * s->block_size;
-        }
-        pos += run.length;
-    }
-    extree_cursor_release(&cur);
-    return ret;
-}
-
-/*
  * qemu-img check.  -r leaks: leaked space goes back to the free-space tree
  * (only if nothing is corrupt).  -r all: also a damaged free-space tree is
  * rebuilt from the extent tree.  Damage to the extent tree is never
@@ -756,7 +718,11 @@ extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
     result->bfi.total_clusters =
         DIV_ROUND_UP(extree_virtual_size(s->t), s->block_size);
     if (!result->corruptions) {
-        ret = xt_count_fragments(s, &result->bfi);
+        uint64_t data_blocks, fragments;
+
+        ret = extree_count_fragments(s->t, &data_blocks, &fragments);
+        result->bfi.allocated_clusters = data_blocks;
+        result->bfi.fragmented_clusters = fragments;
         if (ret < 0) {
             result->check_errors++;
         }
@@ -855,46 +821,31 @@ extree_co_change_backing_file(BlockDriverState *bs, const char *backing_file,
 
 /*
  * Everything that can be wrong with the creation options, checked before
- * anything is written.
+ * anything is written: the format's rules (extree_create_check()) and
+ * QEMU's
  */
 static int xt_check_create(uint64_t size, uint64_t block_size,
                            uint64_t node_size, const char *backing_file,
-                           bool has_backing_fmt, PreallocMode prealloc,
+                           const char *backing_fmt, PreallocMode prealloc,
                            Error **errp)
 {
+    /* a size too large for 32 bits is not a power of two in range either */
+    ExtreeCreateParams p = {
+        .virtual_size = size,
+        .block_size = MIN(block_size, UINT32_MAX),
+        .node_size = MIN(node_size, UINT32_MAX),
+        .backing_file = backing_file,
+        .backing_fmt = backing_fmt,
+    };
+    g_autofree char *msg = NULL;
+
     if (size > EXTREE_QEMU_MAX_SIZE) {
         error_setg(errp, "Image size must be at most %" PRIu64 " bytes",
                    EXTREE_QEMU_MAX_SIZE);
         return -EINVAL;
     }
-    if (size % BDRV_SECTOR_SIZE) {
-        error_setg(errp, "Image size must be a multiple of 512 bytes");
-        return -EINVAL;
-    }
-    if (block_size < EXTREE_MIN_BLOCK_SIZE ||
-        block_size > EXTREE_MAX_NODE_SIZE || !is_power_of_2(block_size)) {
-        error_setg(errp, "Block size must be a power of two between %d and "
-                   "%d bytes", EXTREE_MIN_BLOCK_SIZE, EXTREE_MAX_NODE_SIZE);
-        return -EINVAL;
-    }
-    if (node_size < EXTREE_MIN_NODE_SIZE ||
-        node_size > EXTREE_MAX_NODE_SIZE || !is_power_of_2(node_size)) {
-        error_setg(errp, "Node size must be a power of two between %d and "
-                   "%d bytes", EXTREE_MIN_NODE_SIZE, EXTREE_MAX_NODE_SIZE);
-        return -EINVAL;
-    }
-    if (node_size < block_size) {
-        error_setg(errp, "Node size (%" PRIu64 ") must not be smaller than "
-                   "the block size (%" PRIu64 ")", node_size, block_size);
-        return -EINVAL;
-    }
-    if (has_backing_fmt && !backing_file) {
-        error_setg(errp, "Backing format cannot be used without backing file");
-        return -EINVAL;
-    }
-    if (backing_file && strlen(backing_file) > EXTREE_BACKING_FILE_MAX) {
-        error_setg(errp, "Backing file name too long (at most %d bytes)",
-                   EXTREE_BACKING_FILE_MAX);
+    if (extree_create_check(&p, &msg) < 0) {
+        error_setg(errp, "%s", msg);
         return -EINVAL;
     }
     if (backing_file && prealloc != PREALLOC_MODE_OFF) {
@@ -938,14 +889,13 @@ extree_co_create(BlockdevCreateOptions *opts, Error **errp)
     node_size = xo->has_node_size ? xo->node_size
                                   : xt_default_node_size(block_size);
     prealloc = xo->has_preallocation ? xo->preallocation : PREALLOC_MODE_OFF;
-    ret = xt_check_create(xo->size, block_size, node_size,
-                          xo->backing_file, xo->has_backing_fmt, prealloc,
-                          errp);
-    if (ret < 0) {
-        return ret;
-    }
     if (xo->has_backing_fmt) {
         backing_fmt = BlockdevDriver_str(xo->backing_fmt);
+    }
+    ret = xt_check_create(xo->size, block_size, node_size,
+                          xo->backing_file, backing_fmt, prealloc, errp);
+    if (ret < 0) {
+        return ret;
     }
 
     bs = bdrv_co_open_blockdev_ref(xo->file, errp);
@@ -1150,7 +1100,7 @@ static BlockMeasureInfo *extree_measure(QemuOpts *opts, BlockDriverState *in_bs,
         virtual_size = ROUND_UP(ssize, BDRV_SECTOR_SIZE);
     }
     if (xt_check_create(virtual_size, block_size, node_size,
-                        optstr, false, prealloc, errp) < 0) {
+                        optstr, NULL, prealloc, errp) < 0) {
         return NULL;
     }
     vend = ROUND_UP(virtual_size, block_size);
