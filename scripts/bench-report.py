@@ -485,6 +485,18 @@ def section(run, top):
     measure_table("qemu-img map --output=json", "map",
                   note="Median wall time of the whole command, output to "
                        "/dev/null.")
+    measure_table("qemu-img map --output=json, stock qemu-img", "map-stock",
+                  note="The same command with qemu-img built without "
+                       "patches/qemu/0004 (one coroutine for the walk, file "
+                       "names refreshed only when the file changes, a "
+                       "cheap formatter): the patch helps every format.")
+    measure_table("nbdinfo --map through qemu-storage-daemon", "nbdmap",
+                  note="Client wall time of the whole nbdinfo --map; the "
+                       "image exported read-only over a unix socket.")
+    measure_table("nbdinfo --map: the server's CPU time", "nbdmap-server",
+                  note="User + system CPU time of qemu-storage-daemon "
+                       "during the map (/proc/PID/stat): what the format "
+                       "costs the server, below the client's floor.")
     measure_table("Allocation query: qemu-io -c \"alloc 0 <size>\"", "alloc",
                   note="qemu-io's alloc and map ask whether the format layer "
                        "allocated each range (block status without "

@@ -48,7 +48,8 @@ CONTAINERS = {"extree": ("extree", []),
               "qcow2-4k": ("qcow2", ["-o", "cluster_size=4096"])}
 RAW_FS = {"raw-btrfs": "btrfs", "raw-xfs": "xfs", "raw-ext4": "ext4"}
 
-READ_MEASURES = ["map", "alloc", "open", "qmap", "seekhole",
+READ_MEASURES = ["map", "map-stock", "nbdmap", "alloc", "open", "qmap",
+                 "seekhole",
                  "convert-raw", "convert-null"]
 BENCH_MEASURES = ["bench-read-d1", "bench-read-d32",
                   "bench-write-d1", "bench-write-d32"]
@@ -56,13 +57,13 @@ ALL_MEASURES = READ_MEASURES + BENCH_MEASURES + ["callgrind"]
 
 # What each scenario measures by default (--measures narrows it).
 SCENARIO_MEASURES = {
-    "S1": ["map", "alloc", "open", "qmap", "convert-raw", "convert-null",
+    "S1": ["map", "map-stock", "nbdmap", "alloc", "open", "qmap", "convert-raw", "convert-null",
            "callgrind"] + BENCH_MEASURES,
-    "S2": ["map", "alloc", "open", "qmap", "convert-raw",
+    "S2": ["map", "map-stock", "nbdmap", "alloc", "open", "qmap", "convert-raw",
            "convert-null"] + BENCH_MEASURES,
-    "S3": ["map", "alloc", "open", "qmap", "seekhole"],
+    "S3": ["map", "map-stock", "nbdmap", "alloc", "open", "qmap", "seekhole"],
     "S3L": ["map", "seekhole"],
-    "S4": ["map", "alloc", "open", "qmap", "convert-raw", "convert-null"],
+    "S4": ["map", "map-stock", "nbdmap", "alloc", "open", "qmap", "convert-raw", "convert-null"],
     "SCALE": ["map"],
 }
 
@@ -514,6 +515,11 @@ def command(measure, fmt, img, lay, count=None, offset=0):
     v = lay.vsize
     if measure == "map":
         return [QIMG, "map", "--output=json", "-f", qf, img]
+    if measure == "map-stock":
+        # qemu-img without patches/qemu/0004 (map's per-entry costs)
+        return [QIMG_STOCK, "map", "--output=json", "-f", qf, img]
+    if measure == "nbdmap":
+        return [NBDINFO, "--map", NBD_URI]
     if measure == "alloc":
         return [QIO, "-r", "-f", qf, "-c", f"alloc 0 {v}", img]
     if measure == "open":
@@ -551,6 +557,10 @@ BTRFS_DEPTH_READS = ("qemu-img bench reads every request in flight into one "
 
 
 def applicable(measure, fmt):
+    if measure == "map-stock":
+        return QIMG_STOCK is not None
+    if measure == "nbdmap":
+        return NBDINFO is not None
     if measure == "seekhole":
         return fmt in RAW_FS
     if measure == "callgrind":
@@ -566,8 +576,21 @@ def measure_once(measure, fmt, img, lay, cache, rep, count=None, offset=0):
         drop_caches()
     argv = command(measure, fmt, img, lay, count, offset)
     keep_out = measure in ("alloc", "seekhole") or measure.startswith("bench")
+    server = nbd_server_start(fmt, img) if measure == "nbdmap" else None
+    if server and server.poll() is not None:
+        d = {"scenario": sc, "format": fmt, "host_fs": host_fs(fmt, sc),
+             "measure": measure, "cache": cache, "rep": rep, "value": "",
+             "unit": "s", "wall_s": "", "cpu_s": "", "rss_kib": "",
+             "status": "failed", "note": "qemu-storage-daemon did not start"}
+        log(f"{sc} {fmt} {measure} {cache}: FAILED: {d['note']}")
+        OUT.row("runs", d)
+        return None
+    cpu0 = proc_cpu(server.pid) if server else 0.0
     r = run(argv, stdout=None if keep_out else subprocess.DEVNULL,
             timeout=ARGS.timeout, rss=True)
+    server_cpu = proc_cpu(server.pid) - cpu0 if server else None
+    if server:
+        nbd_server_stop(server)
     d = {"scenario": sc, "format": fmt, "host_fs": host_fs(fmt, sc),
          "measure": measure, "cache": cache, "rep": rep,
          "value": f"{r.wall:.6f}", "unit": "s", "wall_s": f"{r.wall:.6f}",
@@ -576,6 +599,10 @@ def measure_once(measure, fmt, img, lay, cache, rep, count=None, offset=0):
     if r.rc != 0:
         d["status"] = "failed"
         d["note"] = f"exit {r.rc}: " + r.err.strip().replace("\n", " ")[-200:]
+    elif measure == "nbdmap":
+        # the client's wall time is the value; the server's own CPU time
+        # for the map is what the format costs (the client is the floor)
+        d["note"] = f"server cpu {server_cpu:.6f} s"
     elif measure == "alloc":
         m = re.search(r"(\d+)/(\d+) bytes allocated", r.out)
         d["note"] = f"{m.group(1)} bytes allocated" if m else \
@@ -599,7 +626,53 @@ def measure_once(measure, fmt, img, lay, cache, rep, count=None, offset=0):
     if d["status"] != "ok":
         log(f"{sc} {fmt} {measure} {cache}: FAILED: {d['note']}")
     OUT.row("runs", d)
+    if measure == "nbdmap" and d["status"] == "ok":
+        # the server's side of the same run as a measure of its own
+        OUT.row("runs", dict(d, measure="nbdmap-server",
+                             value=f"{server_cpu:.6f}",
+                             cpu_s=f"{server_cpu:.6f}",
+                             note="qemu-storage-daemon CPU time for the "
+                                  "map, client wall in wall_s"))
     return r
+
+
+def proc_cpu(pid):
+    """User + system CPU seconds of a running process (/proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def nbd_server_start(fmt, img):
+    """qemu-storage-daemon exporting img read-only over a unix socket, as
+    NBD_URI names it; returns the Popen once the socket is there."""
+    sock = os.path.join(ARGS.workdir, "nbd.sock")
+    if os.path.exists(sock):
+        os.unlink(sock)
+    p = subprocess.Popen(
+        [QSD, "--blockdev", f"file,node-name=file0,filename={img}",
+         "--blockdev", f"{qemu_fmt(fmt)},node-name=img0,file=file0",
+         "--nbd-server", f"addr.type=unix,addr.path={sock}",
+         "--export", "nbd,id=exp0,node-name=img0,name=img0,writable=off"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env=CHILD_ENV, start_new_session=True)
+    for _ in range(400):
+        if os.path.exists(sock) or p.poll() is not None:
+            break
+        time.sleep(0.025)
+    return p
+
+
+def nbd_server_stop(p):
+    p.terminate()
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
 
 
 def walk_take(walk, count, step, pos):
@@ -844,6 +917,7 @@ def sha256(path):
 
 def main():
     global ARGS, OUT, DIV, QIMG, QIO, XFS_IO, VALGRIND, CG_ANNOTATE
+    global QIMG_STOCK, QSD, NBDINFO, NBD_URI
     global PREWARM, HAVE_EXTREE, NO_EXTREE, CONVERT_TARGET, CHILD_ENV
     global IMAGES_CSV_PATH, TIME
     ap = argparse.ArgumentParser(description=__doc__,
@@ -915,6 +989,17 @@ def main():
     QIO = os.path.join(bindir, "qemu-io")
     for b in ("qemu-img", "qemu-io"):
         shutil.copy2(os.path.join(src, b), os.path.join(bindir, b))
+    # stock qemu-img (no patches/qemu/0004) for map-stock, if built
+    QIMG_STOCK = None
+    if os.path.exists(os.path.join(src, "qemu-img-stock")):
+        QIMG_STOCK = os.path.join(bindir, "qemu-img-stock")
+        shutil.copy2(os.path.join(src, "qemu-img-stock"), QIMG_STOCK)
+    QSD = os.path.join(bindir, "qemu-storage-daemon")
+    shutil.copy2(os.path.join(src, "storage-daemon", "qemu-storage-daemon"),
+                 QSD)
+    NBDINFO = shutil.which("nbdinfo")
+    NBD_URI = "nbd+unix:///img0?socket=" + os.path.join(ARGS.workdir,
+                                                         "nbd.sock")
     XFS_IO = shutil.which("xfs_io") or "/usr/sbin/xfs_io"
     TIME = "/usr/bin/time"
     VALGRIND = shutil.which("valgrind") or "valgrind"
