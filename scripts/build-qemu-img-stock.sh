@@ -37,8 +37,9 @@ cp "$src/qemu-img.c" "$tmp/qemu-img.c"
 if [ -f "$state/list" ]; then
     mapfile -t applied < "$state/list"
     for ((i = ${#applied[@]} - 1; i >= 0; i--)); do
+        [ -n "${applied[$i]}" ] || continue
         p=$state/${applied[$i]}
-        [ -n "${applied[$i]}" ] && grep -q '^+++ b/qemu-img\.c\([[:space:]]\|$\)' "$p" || continue
+        grep -q '^+++ b/qemu-img\.c\([[:space:]]\|$\)' "$p" || continue
         # Only qemu-img.c's part of the patch; $tmp is outside any git
         # repository, so git apply behaves like patch(1), but exactly.
         (cd "$tmp" && git apply -R -p1 --include=qemu-img.c "$p") ||
