@@ -28,7 +28,11 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 # no log (setup or build failed): one failure
 read -r san_pass san_fail san_skip < <(scripts/unit-summary.py $san/meson-logs/testlog.json 2>/dev/null || echo 0 1 0)
 
-rm -f build/iotests/summary
+# The small Linux guest that the guest iotests boot (extree-guest,
+# extree-guest-kill): downloaded and packed once, into build/guest.  The
+# tests would build it too; here its messages are not in a test's output.
+rm -f build/iotests/summary build/iotests/guest.log
+scripts/build-guest.sh || rc=1
 scripts/run-iotests.sh || rc=1
 
 io_pass=0 io_fail=0 io_xfail=0 io_notrun=0
@@ -40,6 +44,10 @@ done < build/iotests/summary
 echo
 echo "unit tests: $unit_pass passed, $unit_fail failed, $unit_skip skipped"
 echo "unit tests under ASan/UBSan: $san_pass passed, $san_fail failed, $san_skip skipped"
+# The guest tests' accelerator (KVM if a trial boot works, else TCG)
+if [ -f build/iotests/guest.log ]; then
+    echo "guest iotests: $(grep -h -o 'accelerator .*)' build/iotests/guest.log | sort -u | paste -sd ' ')"
+fi
 echo "iotests: $io_pass passed, $io_fail failed, $io_notrun not run, $io_xfail expected failures (tests/qemu-iotests/known-failures)"
 echo "$((unit_pass + san_pass + io_pass)) passed, $((unit_fail + san_fail + io_fail)) failed, $((unit_skip + san_skip + io_notrun + io_xfail)) skipped"
 if [ $rc -ne 0 ] || [ $((unit_fail + san_fail + io_fail)) -ne 0 ]; then
