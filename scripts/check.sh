@@ -28,6 +28,9 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 # no log (setup or build failed): one failure
 read -r san_pass san_fail san_skip < <(scripts/unit-summary.py $san/meson-logs/testlog.json 2>/dev/null || echo 0 1 0)
 
+# The driver's files call downwards too (the core's are a unit test)
+python3 scripts/check-layers.py build/qemu/libblock.a.p || rc=1
+
 # The small Linux guest that the guest iotests boot (extree-guest,
 # extree-guest-kill): downloaded and packed once, into build/guest.  The
 # tests would build it too; here its messages are not in a test's output.
