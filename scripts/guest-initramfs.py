@@ -121,7 +121,9 @@ def main():
         listing.append(base)
     c.file('modules', ('\n'.join(listing) + '\n').encode())
     tmp = out + '.tmp'
-    with gzip.open(tmp, 'wb', compresslevel=6) as f:
+    # mtime 0: the same inputs give the same bytes
+    with open(tmp, 'wb') as raw, \
+            gzip.GzipFile(fileobj=raw, mode='wb', compresslevel=6, mtime=0) as f:
         f.write(c.finish())
     os.replace(tmp, out)
     print(' '.join(m[:-3] for m in listing))
