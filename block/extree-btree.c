@@ -392,10 +392,16 @@ static int next_leaf_skip(Extree *t, ExtreeTree *tree, ExtreePath *p,
                 break;
             }
             if (level == 1) {
-                readahead_leaves(t, tree, p);
+                if (t->nowait) {
+                    /* a miss here is left to the query with readahead */
+                    t->walk_miss = true;
+                } else {
+                    readahead_leaves(t, tree, p);
+                }
             }
             ret = get_child(t, tree, parent, s, path_node_end(tree, p, level),
                             &c);
+            t->walk_miss = false;
             if (ret < 0) {
                 return ret;
             }

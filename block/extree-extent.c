@@ -203,7 +203,10 @@ static inline int cursor_skip_ended(ExtreeCursor *c, const ExtreeNode *n,
 /*
  * Put slots[0] on the first item that ends after @guest (or past the last
  * item of the last leaf).  Forward from the current position when it is
- * still valid and at most two leaves away, else one descent.
+ * still valid and at most two leaves away, else one descent.  A no-wait
+ * query walks forward only from exactly where the last answer ended (a
+ * walk, whose missing leaf is left to the blocking query's readahead):
+ * after a jump, a descent names the one node it misses.
  */
 static int cursor_seek(ExtreeCursor *c, uint64_t guest)
 {
@@ -212,7 +215,8 @@ static int cursor_seek(ExtreeCursor *c, uint64_t guest)
     ExtreeNode *n;
     int slot, nr, ret;
 
-    if (c->valid && c->seq == t->seq && guest >= c->pos) {
+    if (c->valid && c->seq == t->seq && guest >= c->pos &&
+        (!t->nowait || guest == c->pos)) {
         for (int hops = 0; ; hops++) {
             n = c->path.nodes[0];
             nr = node_nritems(n);
@@ -452,6 +456,26 @@ int extree_cursor_query_cached(ExtreeCursor *c, uint64_t guest,
         return ret;
     }
     return cursor_query_fast(c, guest, limit, run);
+}
+
+int extree_cursor_query_nowait(ExtreeCursor *c, uint64_t guest,
+                               uint64_t max_bytes, int coalesce,
+                               ExtreeRun *run)
+{
+    uint64_t limit;
+    int ret = query_limit(c, guest, max_bytes, &limit);
+
+    if (ret < 0) {
+        return ret;
+    }
+    ret = cursor_query_fast(c, guest, limit, run);
+    if (ret == 0) {
+        return 0;
+    }
+    c->t->nowait = true;
+    ret = cursor_query_slow(c, guest, limit, coalesce, run);
+    c->t->nowait = false;
+    return ret;
 }
 
 int extree_lookup(Extree *t, uint64_t guest, uint64_t bytes, ExtreeRun *runs,

@@ -413,6 +413,28 @@ struct Extree {
     uint64_t check_clean_gen;
     char *open_warning;
 
+    /*
+     * No-wait queries (extree_cursor_query_nowait()): while @nowait, a
+     * node miss fails with -EWOULDBLOCK instead of reading, and records
+     * the node in @missing (0: a forward walk's leaf, left to the blocking
+     * query and its readahead).  @walk_miss: the miss at hand is one.
+     */
+    bool nowait, walk_miss;
+    uint64_t missing;
+    /*
+     * Node images the caller read for a no-wait query
+     * (extree_node_prefetch()), taken by the next miss of their location;
+     * a ring, @prefetch_next the oldest slot, buf NULL when empty.  All
+     * dropped, and @prefetch_epoch bumped, at every commit (extree-node.c
+     * says why that keeps them from going stale).
+     */
+    struct {
+        uint64_t bytenr;
+        uint8_t *buf;
+    } prefetch[EXTREE_PREFETCH_MAX];
+    unsigned prefetch_next, nprefetch;
+    uint64_t prefetch_epoch;
+
     ExtreeStats stats;
     ExtreeCorruptFn *corrupt_fn;
     void *corrupt_opaque;
@@ -452,6 +474,7 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
 void extree_node_finish(Extree *t, uint8_t *buf);
 int extree_node_write_dirty(Extree *t);
 void extree_node_commit_done(Extree *t);
+void extree_prefetch_drop_all(Extree *t);
 int extree_corrupt(Extree *t, uint64_t offset, const char *fmt, ...)
     G_GNUC_PRINTF(3, 4);
 const char *extree_tree_name(uint32_t owner);

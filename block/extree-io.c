@@ -279,6 +279,92 @@ static void coroutine_fn GRAPH_RDLOCK xt_update_done(BDRVExtreeState *s)
     }
 }
 
+/* ---- Lookups: tree nodes read without the lock ---- */
+
+/* No-wait lookups of one query before it falls back to a blocking one */
+#define EXTREE_NOWAIT_TRIES             (2 * EXTREE_MAX_LEVELS)
+
+/*
+ * Read tree node @bytenr without s->lock and hand it to the core, which
+ * validates it when the lookup asks again.  One read per node: a request
+ * that misses a node already being read waits for that read instead.
+ * @epoch: from extree_missing_node(); the core refuses the image if a
+ * commit completed meanwhile (the location may have been reused).
+ * Called with s->lock held, in a request; drops and retakes it.  The
+ * request may or may not be counted by xt_io_begin(): the read touches
+ * only a node of the current tree, which no commit can free and reuse
+ * before the core would refuse the image, and a waiter waits only for
+ * this read, never for a commit.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_read_node(BDRVExtreeState *s, uint64_t bytenr, uint64_t epoch)
+{
+    BlockDriverState *bs = s->bs;
+    ExtreeNodeRead *other, r = { .bytenr = bytenr };
+    void *buf;
+    int ret;
+
+    QLIST_FOREACH(other, &s->node_reads, next) {
+        if (other->bytenr == bytenr) {
+            trace_extree_node_read_wait(s, bytenr);
+            xt_queue_wait(s, &other->waiters);
+            /* @other is gone: the caller asks the core again */
+            return 0;
+        }
+    }
+    buf = qemu_try_blockalign(bs->file->bs, s->node_size);
+    if (!buf) {
+        return -ENOMEM;
+    }
+    qemu_co_queue_init(&r.waiters);
+    QLIST_INSERT_HEAD(&s->node_reads, &r, next);
+    qemu_co_mutex_unlock(&s->lock);
+
+    ret = bdrv_co_pread(bs->file, bytenr, s->node_size, buf, 0);
+
+    xt_lock(s);
+    trace_extree_node_read(s, bytenr, ret);
+    if (ret >= 0) {
+        extree_node_prefetch(s->t, bytenr, epoch, buf);
+    }
+    QLIST_REMOVE(&r, next);
+    qemu_co_queue_restart_all(&r.waiters);
+    qemu_vfree(buf);
+    return ret;
+}
+
+/*
+ * extree_cursor_query() that holds s->lock across no node read: the
+ * no-wait query names a node it misses, xt_read_node() reads it without
+ * the lock, and the query runs again (each node a descent needs, one by
+ * one).  Concurrent random lookups over a tree larger than the node cache
+ * so wait for their own nodes, not for each other's.  A forward walk's
+ * next leaf (missing node 0), a failed read, or too many tries (the
+ * images refused after commits or evicted) go to the blocking query, which
+ * reads with the lock held, with readahead, and reports errors its usual
+ * way.  Called with s->lock held; may drop and retake it.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_query(BDRVExtreeState *s, ExtreeCursor *c, uint64_t guest,
+         uint64_t max_bytes, int coalesce, ExtreeRun *run)
+{
+    for (int tries = 0; tries < EXTREE_NOWAIT_TRIES; tries++) {
+        uint64_t bytenr, epoch;
+        int ret;
+
+        ret = extree_cursor_query_nowait(c, guest, max_bytes, coalesce, run);
+        if (ret != -EWOULDBLOCK) {
+            return ret;
+        }
+        bytenr = extree_missing_node(s->t, &epoch);
+        trace_extree_node_miss(s, guest, bytenr);
+        if (!bytenr || xt_read_node(s, bytenr, epoch) < 0) {
+            break;
+        }
+    }
+    return extree_cursor_query(c, guest, max_bytes, coalesce, run);
+}
+
 /* ---- Reads ---- */
 
 /*
@@ -325,8 +411,8 @@ extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
 
         xt_io_begin(s);
         while (nr < EXTREE_READ_BATCH && left > 0) {
-            ret = extree_cursor_query(&cur, pos, left, EXTREE_COALESCE_HOST,
-                                      &runs[nr]);
+            ret = xt_query(s, &cur, pos, left, EXTREE_COALESCE_HOST,
+                           &runs[nr]);
             if (ret < 0) {
                 break;
             }
@@ -1050,9 +1136,9 @@ extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
     if (ret < 0) {
         return ret;
     }
-    ret = extree_cursor_query(&s->status_cursor, offset, bytes,
-                              want_zero ? EXTREE_COALESCE_HOST
-                                        : EXTREE_COALESCE_ALLOC, &run);
+    ret = xt_query(s, &s->status_cursor, offset, bytes,
+                   want_zero ? EXTREE_COALESCE_HOST : EXTREE_COALESCE_ALLOC,
+                   &run);
     xt_leave(s);
     if (ret < 0) {
         return ret;

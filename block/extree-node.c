@@ -151,6 +151,7 @@ void extree_cache_destroy(Extree *t)
     if (!t->cache) {
         return;
     }
+    extree_prefetch_drop_all(t);
     g_hash_table_iter_init(&it, t->cache);
     while (g_hash_table_iter_next(&it, &key, &value)) {
         g_free(value);
@@ -235,6 +236,98 @@ void extree_node_drop(Extree *t, ExtreeNode *n)
     t->seq++;
 }
 
+/* ---- Prefetched node images ---- */
+
+/*
+ * Why a prefetched image is never stale.  A no-wait query misses only a
+ * node that is reachable from the current tree and clean, that is a node
+ * of the last committed state; its location is not free.  Space is freed
+ * by copy-on-write or merge as a pending free, allocatable only once the
+ * commit that frees it has completed, and a new node is written there by
+ * a commit after that one.  So nothing but that node lies at the location
+ * from the miss until the next commit completes: an image read in between
+ * and handed over before it is the node's, or damage that validation
+ * reports.  A commit empties the table and bumps @prefetch_epoch, so an
+ * image whose read began before it is refused, and a node created at a
+ * location drops that location's image (it could only be an older one).
+ */
+
+static int prefetch_find(Extree *t, uint64_t bytenr)
+{
+    if (!t->nprefetch) {
+        return -1;
+    }
+    for (int i = 0; i < EXTREE_PREFETCH_MAX; i++) {
+        if (t->prefetch[i].buf && t->prefetch[i].bytenr == bytenr) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* The image prefetched at @bytenr, taken out of the table; NULL if none */
+static uint8_t *prefetch_take(Extree *t, uint64_t bytenr)
+{
+    int i = prefetch_find(t, bytenr);
+    uint8_t *buf;
+
+    if (i < 0) {
+        return NULL;
+    }
+    buf = t->prefetch[i].buf;
+    t->prefetch[i].buf = NULL;
+    t->nprefetch--;
+    return buf;
+}
+
+static void prefetch_drop(Extree *t, uint64_t bytenr)
+{
+    uint8_t *buf = prefetch_take(t, bytenr);
+
+    if (buf) {
+        g_ptr_array_add(t->spare_bufs, buf);
+    }
+}
+
+/* At commit and close: no image survives a commit */
+void extree_prefetch_drop_all(Extree *t)
+{
+    for (int i = 0; i < EXTREE_PREFETCH_MAX && t->nprefetch; i++) {
+        if (t->prefetch[i].buf) {
+            g_ptr_array_add(t->spare_bufs, t->prefetch[i].buf);
+            t->prefetch[i].buf = NULL;
+            t->nprefetch--;
+        }
+    }
+    t->prefetch_epoch++;
+}
+
+void extree_node_prefetch(Extree *t, uint64_t bytenr, uint64_t epoch,
+                          const void *buf)
+{
+    unsigned i = t->prefetch_next;
+
+    if (epoch != t->prefetch_epoch || extree_node_cached(t, bytenr) ||
+        prefetch_find(t, bytenr) >= 0) {
+        return;
+    }
+    if (t->prefetch[i].buf) {
+        g_ptr_array_add(t->spare_bufs, t->prefetch[i].buf);
+        t->nprefetch--;
+    }
+    t->prefetch[i].bytenr = bytenr;
+    t->prefetch[i].buf = buf_alloc(t);
+    memcpy(t->prefetch[i].buf, buf, t->node_size);
+    t->nprefetch++;
+    t->prefetch_next = (i + 1) % EXTREE_PREFETCH_MAX;
+}
+
+uint64_t extree_missing_node(const Extree *t, uint64_t *epoch)
+{
+    *epoch = t->prefetch_epoch;
+    return t->missing;
+}
+
 /*
  * A new node of this transaction at the newly allocated @bytenr, dirty and
  * pinned once: empty, or with the items of @src (copy-on-write).  Bytes
@@ -252,6 +345,7 @@ int extree_node_new_copy(Extree *t, uint64_t bytenr, uint32_t owner,
     size_t used = EXTREE_NODE_HEADER_SIZE;
 
     *out = NULL;
+    prefetch_drop(t, bytenr);
     if (old) {
         if (old->dirty || old->refcnt) {
             t->broken = true;
@@ -643,7 +737,9 @@ bool extree_node_matches(const ExtreeNode *n, const ExtreeNodeExpect *e)
 
 /*
  * Get node @bytenr pinned: from the cache (O(1), checked against the
- * parent's expectations by node_disagrees()) or read and validated in full.
+ * parent's expectations by node_disagrees()) or read (or taken from the
+ * prefetched images) and validated in full.  In a no-wait query a node
+ * neither cached nor prefetched is -EWOULDBLOCK, not read.
  */
 int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
                     ExtreeNode **out)
@@ -651,6 +747,7 @@ int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
     ExtreeNode *n = g_hash_table_lookup(t->cache, &bytenr);
     const char *tree = extree_tree_name(e->owner);
     char *why = NULL;
+    uint8_t *buf;
     int ret;
 
     *out = NULL;
@@ -677,14 +774,25 @@ int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
                               PRIx64 ", 0x%" PRIx64 ")", tree, bytenr,
                               t->data_start, t->sb_host_end);
     }
+    buf = prefetch_take(t, bytenr);
+    if (!buf && t->nowait) {
+        t->missing = t->walk_miss ? 0 : bytenr;
+        return -EWOULDBLOCK;
+    }
     t->stats.cache_misses++;
     n = g_new0(ExtreeNode, 1);
     n->bytenr = bytenr;
-    n->buf = buf_alloc(t);
-    ret = t->be->ops->pread(t->be->opaque, bytenr, n->buf, t->node_size);
-    if (ret < 0) {
-        node_free(t, n);
-        return ret;
+    if (buf) {
+        /* read by the caller, and validated below like any other */
+        n->buf = buf;
+        t->stats.prefetched++;
+    } else {
+        n->buf = buf_alloc(t);
+        ret = t->be->ops->pread(t->be->opaque, bytenr, n->buf, t->node_size);
+        if (ret < 0) {
+            node_free(t, n);
+            return ret;
+        }
     }
     ret = extree_node_validate(t, n->buf, bytenr, e, &why);
     if (ret < 0) {
@@ -957,5 +1065,6 @@ void extree_node_commit_done(Extree *t)
             list_add_tail(&t->lru, n, EXT_LIST_LRU);
         }
     }
+    extree_prefetch_drop_all(t);
     extree_cache_shrink(t);
 }

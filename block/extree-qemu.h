@@ -53,6 +53,17 @@ typedef struct ExtreeAllocReq {
 } ExtreeAllocReq;
 
 /*
+ * A tree node read without s->lock for a no-wait lookup (xt_query()):
+ * others that miss the same node wait on @waiters instead of reading it
+ * again (single flight).  Lives on the reader's stack.
+ */
+typedef struct ExtreeNodeRead {
+    uint64_t bytenr;
+    CoQueue waiters;
+    QLIST_ENTRY(ExtreeNodeRead) next;
+} ExtreeNodeRead;
+
+/*
  * Fields without a rule of their own are set at open, by
  * .bdrv_reopen_commit or by invalidation, with no request in flight, and
  * only read otherwise.
@@ -119,6 +130,12 @@ typedef struct BDRVExtreeState {
      * allocate the same guest block.  Protected by lock.
      */
     QLIST_HEAD(, ExtreeAllocReq) alloc_reqs;
+
+    /*
+     * Node reads in flight without the lock (ExtreeNodeRead), at most one
+     * per node.  Protected by lock.
+     */
+    QLIST_HEAD(, ExtreeNodeRead) node_reads;
 
     /*
      * Commit gate.  A data request looks up (or allocates) host ranges with

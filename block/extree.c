@@ -325,6 +325,7 @@ static void xt_init_state(BlockDriverState *bs)
     qemu_co_queue_init(&s->replace_queue);
     qemu_co_queue_init(&s->idle_queue);
     QLIST_INIT(&s->alloc_reqs);
+    QLIST_INIT(&s->node_reads);
     s->dirty_limit = EXTREE_DEFAULT_DIRTY_LIMIT;
 }
 

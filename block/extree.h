@@ -254,6 +254,8 @@ typedef struct ExtreeStats {
      * not descents
      */
     uint64_t path_hits;
+    /* node misses served from images the caller read (prefetch) */
+    uint64_t prefetched;
 } ExtreeStats;
 void extree_stats(const Extree *t, ExtreeStats *st);
 
@@ -323,6 +325,40 @@ int extree_cursor_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
  */
 int extree_cursor_query_cached(ExtreeCursor *c, uint64_t guest,
                                uint64_t max_bytes, ExtreeRun *run);
+
+/*
+ * No-wait queries, for a caller that must not hold its lock across a node
+ * read (the QEMU driver: concurrent readers each wait for their own node,
+ * not for each other's).  extree_cursor_query_nowait() gives the answer of
+ * extree_cursor_query() when every node it needs is cached or prefetched;
+ * where it would read a node it fails with -EWOULDBLOCK instead, with the
+ * cursor released (the next query descends again), and skips readahead.
+ * The caller then reads the node named by extree_missing_node() itself
+ * (node_size bytes at that offset of the image) without its lock, hands
+ * the image to extree_node_prefetch() and asks again.
+ */
+int extree_cursor_query_nowait(ExtreeCursor *c, uint64_t guest,
+                               uint64_t max_bytes, int coalesce,
+                               ExtreeRun *run);
+/*
+ * After -EWOULDBLOCK: the missing node's offset, and in *@epoch the value
+ * to pass to extree_node_prefetch().  0 when the missing node is a leaf
+ * that a forward walk steps onto: the blocking query reads it together
+ * with the leaves after it (readahead), which one node read cannot match.
+ */
+uint64_t extree_missing_node(const Extree *t, uint64_t *epoch);
+/*
+ * Keep a copy of the node image @buf (node_size bytes) read from @bytenr
+ * for the next miss of that location, which validates it exactly as a
+ * node read from disk (so damage is reported the same way).  Ignored if a
+ * commit completed since extree_missing_node() gave @epoch (the location
+ * may hold another node by now), or if the node is cached.  At most
+ * EXTREE_PREFETCH_MAX images are kept, the oldest dropped first; all are
+ * dropped at commit.  O(EXTREE_PREFETCH_MAX).
+ */
+#define EXTREE_PREFETCH_MAX     64
+void extree_node_prefetch(Extree *t, uint64_t bytenr, uint64_t epoch,
+                          const void *buf);
 
 /*
  * For qemu-img check: *@data_blocks = blocks mapped as DATA, *@fragments =
