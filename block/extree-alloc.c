@@ -926,7 +926,189 @@ void extree_alloc_reset_free(Extree *t, GArray *used)
     t->alloc_loaded = true;
 }
 
-/* ---- the space map of this format version: one owner per block ---- */
+/*
+ * @bytes of contiguous space (the snapshot table): the lowest range of
+ * avail or freed node space that fits, else the end of the file
+ */
+int extree_alloc_contig(Extree *t, uint64_t bytes, uint64_t *host)
+{
+    ExtreeRangeSet *set = &t->avail;
+    ExtreeRange *r = rs_first_fit(set, bytes);
+
+    if (!r) {
+        set = &t->nfree;
+        r = rs_first_fit(set, bytes);
+    }
+    if (r) {
+        *host = r->start;
+        take(t, set, *host, bytes);
+        return 0;
+    }
+    return grow(t, bytes, host);
+}
+
+/* ---- reference counts of 2 and more ---- */
+
+/*
+ * t->refs: the ranges whose blocks have two references or more, disjoint,
+ * keyed by start (a GTree: O(log n) per lookup, split and merge).  A used
+ * block outside them has one reference.  Every change is logged in
+ * t->reflog for the reference count tree's sync at commit.
+ */
+
+static gint ref_key_cmp(gconstpointer a, gconstpointer b, gpointer unused)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+void extree_refs_init(Extree *t)
+{
+    t->refs = g_tree_new_full(ref_key_cmp, NULL, NULL, g_free);
+    t->reflog = g_array_new(false, false, sizeof(ExtreeAllocOp));
+}
+
+void extree_refs_destroy(Extree *t)
+{
+    if (t->refs) {
+        g_tree_destroy(t->refs);
+        g_array_free(t->reflog, true);
+        t->refs = NULL;
+        t->reflog = NULL;
+    }
+}
+
+/* The range with the largest start <= @off, or NULL */
+static ExtreeRefRange *ref_floor(Extree *t, uint64_t off)
+{
+    GTreeNode *n = g_tree_upper_bound(t->refs, &off);
+
+    n = n ? g_tree_node_previous(n) : g_tree_node_last(t->refs);
+    return n ? g_tree_node_value(n) : NULL;
+}
+
+/* The first range with start >= @off, or NULL */
+static ExtreeRefRange *ref_ceil(Extree *t, uint64_t off)
+{
+    GTreeNode *n = g_tree_lower_bound(t->refs, &off);
+
+    return n ? g_tree_node_value(n) : NULL;
+}
+
+static void ref_insert(Extree *t, uint64_t start, uint64_t len,
+                       uint32_t count)
+{
+    ExtreeRefRange *r = g_new(ExtreeRefRange, 1);
+
+    r->start = start;
+    r->len = len;
+    r->count = count;
+    g_tree_insert(t->refs, &r->start, r);
+}
+
+/* A range boundary at @off: split the range that covers it */
+static void ref_split(Extree *t, uint64_t off)
+{
+    ExtreeRefRange *r = ref_floor(t, off);
+
+    if (r && r->start < off && off < r->start + r->len) {
+        uint64_t tail = r->start + r->len - off;
+
+        r->len = off - r->start;
+        ref_insert(t, off, tail, r->count);
+    }
+}
+
+/* Merge equal neighbours around [start, end) after a change there */
+static void ref_merge(Extree *t, uint64_t start, uint64_t end)
+{
+    ExtreeRefRange *r = ref_floor(t, start ? start - 1 : 0);
+
+    if (!r) {
+        r = ref_ceil(t, start);
+    }
+    while (r && r->start <= end) {
+        ExtreeRefRange *n = ref_ceil(t, r->start + 1);
+
+        if (n && n->start == r->start + r->len && n->count == r->count) {
+            r->len += n->len;
+            g_tree_remove(t->refs, &n->start);
+            continue;
+        }
+        r = n;
+    }
+}
+
+static void ref_log(Extree *t, uint64_t start, uint64_t len)
+{
+    if (t->reflog->len) {
+        ExtreeAllocOp *last = &g_array_index(t->reflog, ExtreeAllocOp,
+                                             t->reflog->len - 1);
+        if (last->start + last->len == start) {
+            last->len += len;
+            return;
+        }
+    }
+    g_array_append_val(t->reflog, ((ExtreeAllocOp){ start, len, false }));
+}
+
+/* Open: the reference count tree's item, validated against free space */
+int extree_refs_add_loaded(Extree *t, uint64_t start, uint64_t len,
+                           uint32_t count)
+{
+    ExtreeRefRange *r = ref_floor(t, start + len - 1);
+
+    if (count < 2 || extree_alloc_is_free(t, start, len) ||
+        (r && r->start + r->len > start)) {
+        return -EINVAL;
+    }
+    ref_insert(t, start, len, count);
+    return 0;
+}
+
+/* The highest count of a block of [start, start + len), 1 if none shared */
+uint32_t extree_refs_max(Extree *t, uint64_t start, uint64_t len)
+{
+    ExtreeRefRange *r = ref_floor(t, start);
+    uint32_t max = 1;
+
+    if (!r || r->start + r->len <= start) {
+        r = ref_ceil(t, start);
+    }
+    for (; r && r->start < start + len; r = ref_ceil(t, r->start + 1)) {
+        max = MAX(max, r->count);
+    }
+    return max;
+}
+
+/* The first range of counts >= 2 that ends after @pos, clipped to @end */
+bool extree_refs_next(Extree *t, uint64_t pos, uint64_t end,
+                      ExtreeRefRange *out)
+{
+    ExtreeRefRange *r = ref_floor(t, pos);
+
+    if (!r || r->start + r->len <= pos) {
+        r = ref_ceil(t, pos);
+    }
+    if (!r || r->start >= end) {
+        return false;
+    }
+    out->start = MAX(r->start, pos);
+    out->len = MIN(r->start + r->len, end) - out->start;
+    out->count = r->count;
+    return true;
+}
+
+GArray *extree_refs_steal_log(Extree *t)
+{
+    GArray *log = t->reflog;
+
+    t->reflog = g_array_new(false, false, sizeof(ExtreeAllocOp));
+    return log;
+}
+
+/* ---- the space map: counts per block ---- */
 
 static int sm_new_node(void *opaque, uint64_t *bytenr)
 {
@@ -934,18 +1116,91 @@ static int sm_new_node(void *opaque, uint64_t *bytenr)
 }
 
 /*
- * A second owner of a block cannot be recorded: nothing of this format
- * version shares blocks (snapshots will add the counts)
+ * A second (third, ...) reference to used blocks: only images with
+ * snapshots count them (t->refs)
  */
 static int sm_inc_ref(void *opaque, uint64_t start, uint64_t len)
 {
-    return -ENOTSUP;
+    Extree *t = opaque;
+    uint64_t pos = start, end = start + len;
+
+    if (!t->refs || !extree_has_refs(t)) {
+        return -ENOTSUP;
+    }
+    if (!len || start < t->data_start || start >= t->host_end ||
+        len > t->host_end - start || extree_alloc_is_free(t, start, len)) {
+        return extree_corrupt(t, start, "corrupt reference count tree: "
+                              "reference to host range at offset 0x%" PRIx64
+                              " length 0x%" PRIx64 ", which is free or "
+                              "outside the data area", start, len);
+    }
+    ref_split(t, start);
+    ref_split(t, end);
+    while (pos < end) {
+        ExtreeRefRange *r = ref_ceil(t, pos);
+
+        if (r && r->start == pos) {
+            if (r->count == UINT32_MAX) {
+                return extree_corrupt(t, pos, "corrupt reference count "
+                                      "tree: count of host offset 0x%"
+                                      PRIx64 " overflows", pos);
+            }
+            r->count++;
+            pos += r->len;
+        } else {
+            uint64_t gap_end = r && r->start < end ? r->start : end;
+
+            ref_insert(t, pos, gap_end - pos, 2);
+            pos = gap_end;
+        }
+    }
+    ref_merge(t, start, end);
+    ref_log(t, start, len);
+    return 0;
 }
 
-/* The one reference goes: the space is free once the commit is durable */
+/*
+ * One reference fewer: counts of 2 and more go down, blocks of count 1 are
+ * freed (free once the commit is durable)
+ */
 static int sm_dec_ref(void *opaque, uint64_t start, uint64_t len, bool node)
 {
-    return free_range(opaque, start, len, node);
+    Extree *t = opaque;
+    uint64_t pos = start, end = start + len;
+    bool changed = false;
+    int ret = 0;
+
+    if (!t->refs || !g_tree_nnodes(t->refs)) {
+        return free_range(t, start, len, node);
+    }
+    if (!len || len > UINT64_MAX - start) {
+        return free_range(t, start, len, node);
+    }
+    ref_split(t, start);
+    ref_split(t, end);
+    while (pos < end && ret == 0) {
+        ExtreeRefRange *r = ref_ceil(t, pos);
+
+        if (r && r->start == pos) {
+            uint64_t rlen = r->len;
+
+            changed = true;
+            if (--r->count < 2) {
+                g_tree_remove(t->refs, &pos);
+            }
+            pos += rlen;
+        } else {
+            uint64_t gap_end = r && r->start < end ? r->start : end;
+
+            ret = free_range(t, pos, gap_end - pos, node);
+            pos = gap_end;
+        }
+    }
+    if (changed) {
+        ref_merge(t, start, end);
+        ref_log(t, start, len);
+    }
+    return ret;
 }
 
 static int sm_ref_count(void *opaque, uint64_t start, uint32_t *count)
@@ -955,7 +1210,11 @@ static int sm_ref_count(void *opaque, uint64_t start, uint32_t *count)
     if (start < t->data_start || start >= t->host_end) {
         return -EINVAL;
     }
-    *count = !extree_alloc_is_free(t, start, t->block_size);
+    if (extree_alloc_is_free(t, start, t->block_size)) {
+        *count = 0;
+    } else {
+        *count = t->refs ? extree_refs_max(t, start, t->block_size) : 1;
+    }
     return 0;
 }
 

@@ -156,9 +156,74 @@ static int ptr_slot(const ExtreeNode *n, uint64_t key)
 }
 
 /*
+ * Does @n have more than one reference?  Only the nodes of a tree that
+ * may be shared (the extent tree with snapshots), and of those only nodes
+ * older than t->snap_gen, need the space map asked (spec: Sharing, 4).
+ */
+static int node_shared(Extree *t, ExtreeTree *tree, const ExtreeNode *n,
+                       bool *shared)
+{
+    uint32_t count = 1;
+    int ret = 0;
+
+    if (tree->shared && node_gen(n) < t->snap_gen) {
+        ret = t->sm.ops->ref_count(t->sm.opaque, n->bytenr, &count);
+    }
+    *shared = count > 1;
+    return ret;
+}
+
+/*
+ * The references @n holds become the references of a copy too: one more
+ * for each child (interior) or each item (leaf, through tree->share_item)
+ */
+static int share_children(Extree *t, ExtreeTree *tree, const ExtreeNode *n)
+{
+    int nr = node_nritems(n);
+    int ret = 0;
+
+    for (int i = 0; i < nr && ret == 0; i++) {
+        if (node_level(n)) {
+            ret = t->sm.ops->inc_ref(t->sm.opaque, ptr_get_child(n, i),
+                                     t->node_size);
+        } else if (tree->share_item) {
+            ExtreeItem it;
+
+            leaf_get(n, i, &it);
+            ret = tree->share_item(t, &it);
+        }
+    }
+    return ret;
+}
+
+/*
+ * @n leaves the tree while what it refers to stays (copied, or moved into
+ * a sibling): unshared, its location is freed and the references move
+ * with the contents; shared, the contents gain a reference each and @n
+ * loses one (spec: Sharing, 1).
+ */
+static int release_node(Extree *t, ExtreeTree *tree, ExtreeNode *n)
+{
+    bool shared;
+    int ret = node_shared(t, tree, n, &shared);
+
+    if (ret == 0 && shared) {
+        ret = share_children(t, tree, n);
+    }
+    if (ret == 0) {
+        ret = t->sm.ops->dec_ref(t->sm.opaque, n->bytenr, t->node_size,
+                                 true);
+    }
+    if (!shared) {
+        extree_node_drop(t, n);
+    }
+    return ret;
+}
+
+/*
  * Make the node at @level of the path writable in this transaction: copy
  * it to a newly allocated location, point the parent (already writable,
- * we go top-down) or the root at the copy, free the old location.
+ * we go top-down) or the root at the copy, release the old location.
  */
 static int cow_node(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
 {
@@ -189,8 +254,7 @@ static int cow_node(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
         ext_st64(ip + EXT_KP_CHILD, bytenr);
         ext_st64(ip + EXT_KP_GEN, t->trans_gen);
     }
-    ret = t->sm.ops->dec_ref(t->sm.opaque, n->bytenr, t->node_size, true);
-    extree_node_drop(t, n);
+    ret = release_node(t, tree, n);
     extree_node_unref(t, n);
     p->nodes[level] = c;
     t->stats.cows++;
@@ -735,7 +799,10 @@ static int try_merge(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
     int nr = node_nritems(n), snr, ret;
 
     if (ps + 1 < pn) {
-        /* right sibling folds into n; it need not be copied, it goes */
+        /*
+         * right sibling folds into n; it need not be copied, it goes (if
+         * shared, its contents gain the references n now holds)
+         */
         ret = get_child(t, tree, parent, ps + 1,
                         path_node_end(tree, p, level + 1), &sib);
         if (ret < 0) {
@@ -746,7 +813,7 @@ static int try_merge(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
             memcpy(node_item(n, nr, isz), node_item(sib, 0, isz),
                    (size_t)snr * isz);
             node_set_nritems(n, nr + snr);
-            ret = free_node(t, sib);
+            ret = release_node(t, tree, sib);
             extree_node_unref(t, sib);
             if (ret < 0) {
                 return ret;
@@ -1071,3 +1138,92 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
     }
 }
 
+
+/* ---- whole trees ---- */
+
+/* drop_tree(): one reference fewer for the node @bytenr (@e expects it) */
+static int drop_node(Extree *t, ExtreeTree *tree, uint64_t bytenr,
+                     const ExtreeNodeExpect *e, ExtreeRemovedFn *removed,
+                     void *opaque)
+{
+    uint32_t count;
+    ExtreeNode *n;
+    int nr, ret;
+
+    ret = t->sm.ops->ref_count(t->sm.opaque, bytenr, &count);
+    if (ret < 0) {
+        return ret;
+    }
+    if (count > 1) {
+        return t->sm.ops->dec_ref(t->sm.opaque, bytenr, t->node_size, true);
+    }
+    ret = extree_node_get(t, bytenr, e, &n);
+    if (ret < 0) {
+        return ret;
+    }
+    nr = node_nritems(n);
+    for (int i = 0; i < nr && ret == 0; i++) {
+        if (node_level(n)) {
+            ExtreeNodeExpect ce;
+
+            child_expect(tree, n, i, e->key_end, &ce);
+            ret = drop_node(t, tree, ptr_get_child(n, i), &ce, removed,
+                            opaque);
+        } else if (removed) {
+            ExtreeItem it;
+
+            leaf_get(n, i, &it);
+            ret = removed(opaque, &it);
+        }
+    }
+    if (ret == 0) {
+        ret = free_node(t, n);
+    }
+    extree_node_unref(t, n);
+    return ret;
+}
+
+/*
+ * The root of @tree loses a reference (a snapshot deleted, a live tree
+ * replaced by a revert): every node that thereby loses its last one is
+ * freed and its children lose one, recursively; @removed is told of each
+ * item of a freed leaf.  Visits only the nodes no other root shares:
+ * O(nodes freed).  The tree must hold no node of this transaction.
+ */
+int extree_bt_drop(Extree *t, ExtreeTree *tree, ExtreeRemovedFn *removed,
+                   void *opaque)
+{
+    ExtreeNodeExpect e;
+
+    extree_path_release(t, &t->pcache[tree->owner]);
+    extree_tree_expect(t, tree, &e);
+    t->seq++;
+    return drop_node(t, tree, tree->root, &e, removed, opaque);
+}
+
+/* @tree becomes an empty root leaf in new space */
+int extree_bt_new_root(Extree *t, ExtreeTree *tree)
+{
+    ExtreeNode *root;
+    uint64_t bytenr;
+    int ret;
+
+    ret = t->sm.ops->new_node(t->sm.opaque, &bytenr);
+    if (ret < 0) {
+        return ret;
+    }
+    ret = extree_node_new(t, bytenr, tree->owner, 0, &root);
+    if (ret < 0) {
+        return ret;
+    }
+    extree_node_unref(t, root);
+    extree_path_release(t, &t->pcache[tree->owner]);
+    tree->root = bytenr;
+    tree->root_gen = t->trans_gen;
+    tree->level = 0;
+    tree->nitems = 0;
+    tree->total = 0;
+    t->super_dirty = true;
+    t->seq++;
+    return 0;
+}

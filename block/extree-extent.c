@@ -105,6 +105,81 @@ int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
     return ret;
 }
 
+/* A shared leaf was copied: its DATA gains the copy's reference */
+int extree_extent_share(Extree *t, const ExtreeItem *it)
+{
+    if (it->type != EXTREE_ITEM_DATA) {
+        return 0;
+    }
+    return t->sm.ops->inc_ref(t->sm.opaque, it->host, it->length);
+}
+
+/* An item of a leaf that a dropped tree freed: its DATA loses one */
+int extree_extent_release(void *opaque, const ExtreeItem *it)
+{
+    Extree *t = opaque;
+
+    if (it->type != EXTREE_ITEM_DATA) {
+        return 0;
+    }
+    return drop_data(t, it->host, it->length);
+}
+
+/*
+ * May the DATA that guest [guest, guest + bytes) maps at @host be written
+ * in place?  Not when a block of it, or a node on a path to it, has more
+ * than one reference (spec: Sharing, 3).  A leaf of generation snap_gen or
+ * newer and the nodes above it have one (Sharing, 4), so only older paths
+ * are looked up.  No snapshots: never shared, O(1).
+ */
+int extree_data_shared(Extree *t, uint64_t guest, uint64_t bytes,
+                       uint64_t host, bool *shared)
+{
+    ExtreeTree *tree = &t->trees[EXTREE_TREE_EXTENT];
+    uint64_t pos = guest, end = guest + bytes;
+    ExtreePath p = { { 0 } };
+    int ret = 0;
+
+    *shared = false;
+    if (!extree_has_refs(t) || !t->refs) {
+        return 0;
+    }
+    if (extree_refs_max(t, host, bytes) > 1) {
+        *shared = true;
+        return 0;
+    }
+    while (pos < end && !*shared) {
+        ExtreeNode *leaf;
+        int nr;
+
+        ret = extree_bt_seek(t, tree, pos, &p);
+        if (ret < 0) {
+            break;
+        }
+        leaf = p.nodes[0];
+        nr = node_nritems(leaf);
+        if (node_gen(leaf) < t->snap_gen) {
+            for (int l = 0; l <= (int)tree->level && !*shared; l++) {
+                uint32_t count;
+
+                ret = t->sm.ops->ref_count(t->sm.opaque, p.nodes[l]->bytenr,
+                                           &count);
+                if (ret < 0) {
+                    break;
+                }
+                *shared = count > 1;
+            }
+        }
+        if (ret < 0 || !nr ||
+            leaf_key(leaf, nr - 1) + leaf_len(leaf, nr - 1) <= pos) {
+            break;
+        }
+        pos = leaf_key(leaf, nr - 1) + leaf_len(leaf, nr - 1);
+    }
+    extree_path_release(t, &p);
+    return ret;
+}
+
 /* ---- placement ---- */
 
 /*

@@ -257,9 +257,22 @@ typedef struct ExtreeSpaceMap {
     void *opaque;
 } ExtreeSpaceMap;
 
-/* One tree: extent or free */
+/*
+ * A shared leaf is copied: its item @it gains a reference (the extent
+ * layer's: DATA space), see ExtreeTree.share_item
+ */
+typedef int ExtreeShareFn(Extree *t, const ExtreeItem *it);
+
+/* One tree: extent, free or reference counts */
 typedef struct ExtreeTree {
     uint32_t owner;             /* EXTREE_TREE_* */
+    /*
+     * Nodes of this tree may be shared (the extent tree of an image with
+     * snapshots): copy-on-write of a node with more than one reference
+     * adds one to its children's, through @share_item for leaf items
+     */
+    bool shared;
+    ExtreeShareFn *share_item;
     uint64_t root;              /* bytenr */
     uint64_t root_gen;
     unsigned level;             /* of the root */
@@ -274,18 +287,48 @@ typedef struct ExtreeTree {
 static inline bool extree_items_mergeable(const ExtreeItem *a,
                                           const ExtreeItem *b)
 {
-    return a->key + a->length == b->key && a->type == b->type &&
-           (a->type == EXTREE_ITEM_ZERO || a->host + a->length == b->host);
+    if (a->key + a->length != b->key || a->type != b->type) {
+        return false;
+    }
+    switch (a->type) {
+    case EXTREE_ITEM_ZERO:
+        return true;
+    case EXTREE_ITEM_REFS:
+        return a->host == b->host;      /* the same count */
+    default:
+        return a->host + a->length == b->host;
+    }
 }
 
 /* The piece [item->key, + item->length) of a leaf item left the tree */
 typedef int ExtreeRemovedFn(void *opaque, const ExtreeItem *piece);
 
-/* Per-tree arrays are indexed by the tree's owner number (slot 0 unused) */
-#define EXT_NTREES      (EXTREE_TREE_FREE + 1)
+/*
+ * Per-tree arrays are indexed by the tree's owner number (slot 0 unused).
+ * EXT_FOR_EACH_TREE: the trees every image has; the reference count tree
+ * exists only with EXTREE_INCOMPAT_SNAPSHOTS (extree_has_refs()).
+ */
+#define EXT_NTREES      (EXTREE_TREE_REFS + 1)
 #define EXT_FOR_EACH_TREE(owner) \
     for (uint32_t owner = EXTREE_TREE_EXTENT; owner <= EXTREE_TREE_FREE; \
          owner++)
+
+/* A snapshot table entry, CPU side (ExtreeDiskSnapEntry) */
+typedef struct ExtreeSnap {
+    uint64_t root, root_gen;
+    unsigned level;
+    uint64_t generation, virtual_size, extent_count, extent_bytes;
+    uint64_t date_sec, vm_clock_nsec, vm_state_size, icount;
+    uint32_t date_nsec;
+    char id[EXTREE_SNAP_ID_MAX + 1];
+    char name[EXTREE_SNAP_NAME_MAX + 1];
+} ExtreeSnap;
+
+/* A host range whose blocks have @count references, @count >= 2 */
+typedef struct ExtreeRefRange {
+    uint64_t start, len;
+    uint32_t count;
+} ExtreeRefRange;
 
 /* A logged change of free space, or just a host range */
 typedef struct ExtreeAllocOp {
@@ -435,6 +478,28 @@ struct Extree {
     unsigned prefetch_next, nprefetch;
     uint64_t prefetch_epoch;
 
+    /*
+     * Snapshots (EXTREE_INCOMPAT_SNAPSHOTS): the table (ExtreeSnap), where
+     * the committed one lies, and whether this transaction changed it.
+     * Nodes of generation >= @snap_gen have one reference (spec: Sharing).
+     */
+    GArray *snaps;
+    uint64_t snap_table, snap_table_len;
+    bool snaps_dirty;
+    uint64_t snap_gen;
+    /*
+     * Read-only view of a snapshot (extree_snapshot_load_tmp()): -1, or
+     * the index whose tree t->trees[EXTREE_TREE_EXTENT] is
+     */
+    int snap_view;
+    /*
+     * Reference counts of 2 and more (ExtreeRefRange by start, disjoint),
+     * loaded from the reference count tree at read-write open; @reflog:
+     * ranges changed since its last sync (ExtreeAllocOp)
+     */
+    GTree *refs;
+    GArray *reflog;
+
     ExtreeStats stats;
     ExtreeCorruptFn *corrupt_fn;
     void *corrupt_opaque;
@@ -479,6 +544,22 @@ int extree_corrupt(Extree *t, uint64_t offset, const char *fmt, ...)
     G_GNUC_PRINTF(3, 4);
 const char *extree_tree_name(uint32_t owner);
 
+static inline bool extree_has_refs(const Extree *t)
+{
+    return t->incompat & EXTREE_INCOMPAT_SNAPSHOTS;
+}
+
+/*
+ * Extent tree items lie below this: the virtual size, or with snapshots
+ * the end of the VM state area (snapshot trees have sizes of their own)
+ */
+static inline uint64_t extree_key_limit(const Extree *t)
+{
+    return extree_has_refs(t) ? EXTREE_VMSTATE_END
+                              : EXTREE_ROUND_UP(t->virtual_size,
+                                                t->block_size);
+}
+
 /*
  * Updates need a handle that may change: read-write, not broken, not
  * marked corrupt, free space known
@@ -491,6 +572,9 @@ static inline int extree_check_writable(const Extree *t)
     if (t->broken || (t->incompat & EXTREE_INCOMPAT_CORRUPT) ||
         !t->alloc_loaded) {
         return -EIO;
+    }
+    if (t->snap_view >= 0) {
+        return -EROFS;
     }
     return 0;
 }
@@ -513,6 +597,9 @@ int extree_bt_next_leaf(Extree *t, ExtreeTree *tree, ExtreePath *p);
 int extree_bt_next_leaf_covered(Extree *t, ExtreeTree *tree, ExtreePath *p,
                                 uint64_t *end, uint64_t limit);
 void extree_tree_expect(Extree *t, ExtreeTree *tree, ExtreeNodeExpect *e);
+int extree_bt_drop(Extree *t, ExtreeTree *tree, ExtreeRemovedFn *removed,
+                   void *opaque);
+int extree_bt_new_root(Extree *t, ExtreeTree *tree);
 
 /* extree-alloc.c: free space in memory, placement, the space map */
 extern const ExtreeSpaceMapOps extree_alloc_space_map;
@@ -535,6 +622,19 @@ bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
                             uint64_t *fs, uint64_t *fe);
 void extree_alloc_reset_free(Extree *t, GArray *used);
 void extree_ranges_merge(GArray *list);
+int extree_alloc_contig(Extree *t, uint64_t bytes, uint64_t *host);
+void extree_refs_init(Extree *t);
+void extree_refs_destroy(Extree *t);
+int extree_refs_add_loaded(Extree *t, uint64_t start, uint64_t len,
+                           uint32_t count);
+uint32_t extree_refs_max(Extree *t, uint64_t start, uint64_t len);
+bool extree_refs_next(Extree *t, uint64_t pos, uint64_t end,
+                      ExtreeRefRange *out);
+GArray *extree_refs_steal_log(Extree *t);
+
+/* extree-reftree.c: the reference count tree on disk */
+int extree_reftree_load(Extree *t);
+int extree_reftree_sync(Extree *t);
 
 /* extree-freetree.c: the free-space tree on disk */
 int extree_freetree_load(Extree *t, uint64_t expect_bytes);
@@ -544,8 +644,11 @@ int extree_freetree_rebuild(Extree *t, GArray *used);
 /* extree-extent.c: guest ranges to host extents */
 int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
                          uint64_t bytes);
+int extree_extent_share(Extree *t, const ExtreeItem *it);
+int extree_extent_release(void *opaque, const ExtreeItem *it);
 
 /* extree-txn.c */
 uint64_t extree_sb_free_bytes(const Extree *t);
+int extree_snap_table_moved(Extree *t);
 
 #endif /* BLOCK_EXTREE_INT_H */

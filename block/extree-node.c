@@ -31,6 +31,8 @@ const char *extree_tree_name(uint32_t owner)
         return "extent tree";
     case EXTREE_TREE_FREE:
         return "free tree";
+    case EXTREE_TREE_REFS:
+        return "reference count tree";
     default:
         return "unknown tree";
     }
@@ -400,7 +402,7 @@ static int leaf_item_check(Extree *t, uint32_t owner, const ExtreeItem *it,
                            uint32_t flags, int i, char **why)
 {
     uint64_t bs = t->block_size;
-    uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, bs);
+    uint64_t vend = extree_key_limit(t);
 
     if (flags) {
         *why = g_strdup_printf("bad item flags at slot %d, have 0x%x "
@@ -435,6 +437,30 @@ static int leaf_item_check(Extree *t, uint32_t owner, const ExtreeItem *it,
                                    it->type);
             return -EIO;
         }
+    } else if (owner == EXTREE_TREE_REFS) {
+        if (it->type != EXTREE_ITEM_REFS) {
+            *why = g_strdup_printf("bad item type at slot %d, have %u "
+                                   "expect %u", i, it->type,
+                                   EXTREE_ITEM_REFS);
+            return -EIO;
+        }
+        if (it->host < 2 || it->host > UINT32_MAX) {
+            *why = g_strdup_printf("bad reference count at slot %d, have %"
+                                   PRIu64 " expect 2 to %u", i, it->host,
+                                   UINT32_MAX);
+            return -EIO;
+        }
+        if (!EXTREE_IS_ALIGNED(it->key, bs) || it->key < t->data_start ||
+            it->key >= t->sb_host_end ||
+            it->length > t->sb_host_end - it->key) {
+            *why = g_strdup_printf("bad host range at slot %d, have [0x%"
+                                   PRIx64 ", +0x%" PRIx64 ") expect inside "
+                                   "[0x%" PRIx64 ", 0x%" PRIx64 ")", i,
+                                   it->key, it->length, t->data_start,
+                                   t->sb_host_end);
+            return -EIO;
+        }
+        return 0;
     } else {
         if (it->type != EXTREE_ITEM_FREE) {
             *why = g_strdup_printf("bad item type at slot %d, have %u "
@@ -472,7 +498,7 @@ static bool extent_leaf_ok(Extree *t, const uint8_t *buf, uint32_t nr,
                            uint64_t key_end, uint64_t *sum)
 {
     uint64_t mask = t->block_size - 1;
-    uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
+    uint64_t vend = extree_key_limit(t);
     uint64_t ds = t->data_start, he = t->sb_host_end;
     const uint8_t *p = buf + EXTREE_NODE_HEADER_SIZE;
     uint64_t prev_end = 0, bad = 0, total = 0;

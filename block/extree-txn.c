@@ -26,11 +26,22 @@ typedef struct ExtreeSuper {
     unsigned root_level[EXT_NTREES];
     uint64_t extent_count, free_bytes;
     uint64_t extent_bytes;      /* valid with EXTREE_AUTOCLEAR_EXTENT_BYTES */
+    /* with EXTREE_INCOMPAT_SNAPSHOTS, root[EXTREE_TREE_REFS] too */
+    uint64_t snap_table, snap_gen;
+    uint32_t snap_count;
     char backing_file[EXTREE_BACKING_FILE_MAX + 1];
     char backing_fmt[EXTREE_BACKING_FMT_MAX + 1];
 } ExtreeSuper;
 
 #define SB_OFF(f) offsetof(ExtreeDiskSuper, f)
+
+/* Bytes of a snapshot table of @count entries */
+static uint64_t snap_table_bytes(uint32_t count, uint32_t block_size)
+{
+    return EXTREE_ROUND_UP(sizeof(ExtreeDiskSnapHeader) +
+                           (uint64_t)count * EXTREE_SNAP_ENTRY_SIZE,
+                           block_size);
+}
 
 static uint32_t sb_csum(const uint8_t *buf)
 {
@@ -44,8 +55,14 @@ static uint32_t sb_csum(const uint8_t *buf)
 /* Where the superblock keeps the root of tree @owner */
 static size_t sb_root_off(uint32_t owner)
 {
-    return owner == EXTREE_TREE_FREE ? SB_OFF(free_root)
-                                     : SB_OFF(extent_root);
+    switch (owner) {
+    case EXTREE_TREE_FREE:
+        return SB_OFF(free_root);
+    case EXTREE_TREE_REFS:
+        return SB_OFF(ref_root);
+    default:
+        return SB_OFF(extent_root);
+    }
 }
 
 static void root_encode(uint8_t *p, uint64_t bytenr, uint64_t gen,
@@ -79,6 +96,12 @@ static void sb_encode(const ExtreeSuper *s, uint8_t *buf)
     ext_st64(buf + SB_OFF(extent_count), s->extent_count);
     ext_st64(buf + SB_OFF(free_bytes), s->free_bytes);
     ext_st64(buf + SB_OFF(extent_bytes), s->extent_bytes);
+    root_encode(buf + SB_OFF(ref_root), s->root[EXTREE_TREE_REFS],
+                s->root_gen[EXTREE_TREE_REFS],
+                s->root_level[EXTREE_TREE_REFS]);
+    ext_st64(buf + SB_OFF(snap_table_offset), s->snap_table);
+    ext_st32(buf + SB_OFF(snap_count), s->snap_count);
+    ext_st64(buf + SB_OFF(snap_generation), s->snap_gen);
     buf[SB_OFF(backing_file_len)] = flen & 0xff;
     buf[SB_OFF(backing_file_len) + 1] = flen >> 8;
     buf[SB_OFF(backing_fmt_len)] = mlen & 0xff;
@@ -110,8 +133,9 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     uint64_t magic = ext_ld64(buf + SB_OFF(magic));
     uint32_t version = ext_ld32(buf + SB_OFF(version));
     uint32_t csum = ext_ld32(buf + SB_OFF(csum)), want;
-    uint64_t data_start;
+    uint64_t data_start, key_bytes;
     unsigned flen, mlen;
+    bool snaps;
 
     *sum_ok = false;
     if (magic != EXTREE_MAGIC) {
@@ -155,6 +179,15 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     s->extent_count = ext_ld64(buf + SB_OFF(extent_count));
     s->free_bytes = ext_ld64(buf + SB_OFF(free_bytes));
     s->extent_bytes = ext_ld64(buf + SB_OFF(extent_bytes));
+    {
+        const uint8_t *r = buf + SB_OFF(ref_root);
+        s->root[EXTREE_TREE_REFS] = ext_ld64(r + EXT_RT_BYTENR);
+        s->root_gen[EXTREE_TREE_REFS] = ext_ld64(r + EXT_RT_GEN);
+        s->root_level[EXTREE_TREE_REFS] = r[EXT_RT_LEVEL];
+    }
+    s->snap_table = ext_ld64(buf + SB_OFF(snap_table_offset));
+    s->snap_count = ext_ld32(buf + SB_OFF(snap_count));
+    s->snap_gen = ext_ld64(buf + SB_OFF(snap_generation));
     flen = buf[SB_OFF(backing_file_len)] |
            (buf[SB_OFF(backing_file_len) + 1] << 8);
     mlen = buf[SB_OFF(backing_fmt_len)] |
@@ -189,7 +222,37 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
         *why = g_strdup_printf("bad host_end 0x%" PRIx64, s->host_end);
         return -EINVAL;
     }
-    EXT_FOR_EACH_TREE(o) {
+    snaps = s->incompat & EXTREE_INCOMPAT_SNAPSHOTS;
+    if (!snaps && (s->root[EXTREE_TREE_REFS] ||
+                   s->root_gen[EXTREE_TREE_REFS] ||
+                   s->root_level[EXTREE_TREE_REFS] || s->snap_table ||
+                   s->snap_count || s->snap_gen)) {
+        *why = g_strdup("snapshot fields set without the snapshots "
+                        "feature");
+        return -EINVAL;
+    }
+    if (snaps && s->virtual_size > EXTREE_SNAP_MAX_VIRTUAL_SIZE) {
+        *why = g_strdup_printf("bad virtual_size 0x%" PRIx64 " (max 0x%"
+                               PRIx64 " with snapshots)", s->virtual_size,
+                               EXTREE_SNAP_MAX_VIRTUAL_SIZE);
+        return -EINVAL;
+    }
+    if (snaps && (s->snap_count > EXTREE_MAX_SNAPSHOTS ||
+                  s->snap_gen > s->generation + 1 ||
+                  (s->snap_count == 0) != (s->snap_table == 0) ||
+                  (s->snap_table &&
+                   (!EXTREE_IS_ALIGNED(s->snap_table, s->block_size) ||
+                    s->snap_table < data_start ||
+                    s->snap_table >= s->host_end ||
+                    s->host_end - s->snap_table <
+                    snap_table_bytes(s->snap_count, s->block_size))))) {
+        *why = g_strdup_printf("bad snapshot table, have offset 0x%" PRIx64
+                               " count %u snap_generation %" PRIu64,
+                               s->snap_table, s->snap_count, s->snap_gen);
+        return -EINVAL;
+    }
+    for (uint32_t o = EXTREE_TREE_EXTENT;
+         o <= (snaps ? EXTREE_TREE_REFS : EXTREE_TREE_FREE); o++) {
         if (!EXTREE_IS_ALIGNED(s->root[o], s->block_size) ||
             s->root[o] < data_start || s->root[o] >= s->host_end ||
             s->host_end - s->root[o] < s->node_size ||
@@ -202,18 +265,17 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
             return -EINVAL;
         }
     }
-    if (s->extent_count >
-        EXTREE_ROUND_UP(s->virtual_size, s->block_size) / s->block_size) {
+    key_bytes = EXTREE_ROUND_UP(s->virtual_size, s->block_size) +
+                (snaps ? EXTREE_VMSTATE_MAX : 0);
+    if (s->extent_count > key_bytes / s->block_size) {
         *why = g_strdup_printf("bad extent_count %" PRIu64 " (max %" PRIu64
                                ")", s->extent_count,
-                               EXTREE_ROUND_UP(s->virtual_size,
-                                               s->block_size) /
-                               s->block_size);
+                               key_bytes / s->block_size);
         return -EINVAL;
     }
     if ((s->autoclear & EXTREE_AUTOCLEAR_EXTENT_BYTES) &&
         (!EXTREE_IS_ALIGNED(s->extent_bytes, s->block_size) ||
-         s->extent_bytes > EXTREE_ROUND_UP(s->virtual_size, s->block_size))) {
+         s->extent_bytes > key_bytes)) {
         *why = g_strdup_printf("bad extent_bytes 0x%" PRIx64,
                                s->extent_bytes);
         return -EINVAL;
@@ -259,6 +321,16 @@ static void super_from_tree(Extree *t, ExtreeSuper *s)
     s->free_bytes = t->trees[EXTREE_TREE_FREE].total;
     s->extent_bytes = t->trees[EXTREE_TREE_EXTENT].total;
     s->autoclear = EXTREE_AUTOCLEAR_EXTENT_BYTES;
+    if (extree_has_refs(t)) {
+        ExtreeTree *rt = &t->trees[EXTREE_TREE_REFS];
+
+        s->root[EXTREE_TREE_REFS] = rt->root;
+        s->root_gen[EXTREE_TREE_REFS] = rt->root_gen;
+        s->root_level[EXTREE_TREE_REFS] = rt->level;
+        s->snap_table = t->snap_table;
+        s->snap_count = t->snaps ? t->snaps->len : 0;
+        s->snap_gen = t->snap_gen;
+    }
     g_strlcpy(s->backing_file, t->backing_file ? t->backing_file : "",
               sizeof(s->backing_file));
     g_strlcpy(s->backing_fmt, t->backing_fmt ? t->backing_fmt : "",
@@ -465,6 +537,222 @@ int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
     return ret;
 }
 
+/* ---- the snapshot table ---- */
+
+#define SN_OFF(f) offsetof(ExtreeDiskSnapEntry, f)
+#define SH_OFF(f) offsetof(ExtreeDiskSnapHeader, f)
+
+static void snap_encode(uint8_t *p, const ExtreeSnap *sn)
+{
+    size_t ilen = strlen(sn->id), nlen = strlen(sn->name);
+
+    memset(p, 0, EXTREE_SNAP_ENTRY_SIZE);
+    root_encode(p + SN_OFF(root), sn->root, sn->root_gen, sn->level);
+    ext_st64(p + SN_OFF(generation), sn->generation);
+    ext_st64(p + SN_OFF(virtual_size), sn->virtual_size);
+    ext_st64(p + SN_OFF(extent_count), sn->extent_count);
+    ext_st64(p + SN_OFF(extent_bytes), sn->extent_bytes);
+    ext_st64(p + SN_OFF(date_sec), sn->date_sec);
+    ext_st32(p + SN_OFF(date_nsec), sn->date_nsec);
+    ext_st64(p + SN_OFF(vm_clock_nsec), sn->vm_clock_nsec);
+    ext_st64(p + SN_OFF(vm_state_size), sn->vm_state_size);
+    ext_st64(p + SN_OFF(icount), sn->icount);
+    p[SN_OFF(id_len)] = ilen;
+    p[SN_OFF(name_len)] = nlen;
+    memcpy(p + SN_OFF(id), sn->id, ilen);
+    memcpy(p + SN_OFF(name), sn->name, nlen);
+}
+
+/* Entry @p of a table read at open: every field within the spec's range */
+static char *snap_decode(Extree *t, const uint8_t *p, ExtreeSnap *sn)
+{
+    uint64_t key_bytes;
+    unsigned ilen = p[SN_OFF(id_len)] | (p[SN_OFF(id_len) + 1] << 8);
+    unsigned nlen = p[SN_OFF(name_len)] | (p[SN_OFF(name_len) + 1] << 8);
+
+    memset(sn, 0, sizeof(*sn));
+    sn->root = ext_ld64(p + SN_OFF(root) + EXT_RT_BYTENR);
+    sn->root_gen = ext_ld64(p + SN_OFF(root) + EXT_RT_GEN);
+    sn->level = p[SN_OFF(root) + EXT_RT_LEVEL];
+    sn->generation = ext_ld64(p + SN_OFF(generation));
+    sn->virtual_size = ext_ld64(p + SN_OFF(virtual_size));
+    sn->extent_count = ext_ld64(p + SN_OFF(extent_count));
+    sn->extent_bytes = ext_ld64(p + SN_OFF(extent_bytes));
+    sn->date_sec = ext_ld64(p + SN_OFF(date_sec));
+    sn->date_nsec = ext_ld32(p + SN_OFF(date_nsec));
+    sn->vm_clock_nsec = ext_ld64(p + SN_OFF(vm_clock_nsec));
+    sn->vm_state_size = ext_ld64(p + SN_OFF(vm_state_size));
+    sn->icount = ext_ld64(p + SN_OFF(icount));
+
+    if (!EXTREE_IS_ALIGNED(sn->root, t->block_size) ||
+        sn->root < t->data_start || sn->root >= t->host_end ||
+        t->host_end - sn->root < t->node_size || sn->root_gen == 0 ||
+        sn->root_gen > sn->generation || sn->generation >= t->generation ||
+        sn->level >= EXTREE_MAX_LEVELS) {
+        return g_strdup_printf("bad root, have offset 0x%" PRIx64
+                               " generation %" PRIu64 " level %u (taken at "
+                               "generation %" PRIu64 ")", sn->root,
+                               sn->root_gen, sn->level, sn->generation);
+    }
+    key_bytes = EXTREE_ROUND_UP(sn->virtual_size, t->block_size) +
+                EXTREE_VMSTATE_MAX;
+    if (sn->virtual_size % 512 ||
+        sn->virtual_size > EXTREE_SNAP_MAX_VIRTUAL_SIZE ||
+        sn->extent_count > key_bytes / t->block_size ||
+        !EXTREE_IS_ALIGNED(sn->extent_bytes, t->block_size) ||
+        sn->extent_bytes > key_bytes || sn->date_nsec >= 1000000000 ||
+        sn->vm_state_size > EXTREE_VMSTATE_MAX) {
+        return g_strdup_printf("bad size or count, have virtual_size 0x%"
+                               PRIx64 " extent_count %" PRIu64
+                               " extent_bytes 0x%" PRIx64 " vm_state_size 0x%"
+                               PRIx64, sn->virtual_size, sn->extent_count,
+                               sn->extent_bytes, sn->vm_state_size);
+    }
+    if (ilen < 1 || ilen > EXTREE_SNAP_ID_MAX ||
+        nlen > EXTREE_SNAP_NAME_MAX ||
+        memchr(p + SN_OFF(id), 0, ilen) ||
+        memchr(p + SN_OFF(name), 0, nlen) ||
+        !all_zero(p + SN_OFF(id) + ilen, EXTREE_SNAP_ID_MAX + 1 - ilen) ||
+        !all_zero(p + SN_OFF(name) + nlen, EXTREE_SNAP_NAME_MAX + 1 - nlen)) {
+        return g_strdup_printf("bad id or name (lengths %u, %u)", ilen, nlen);
+    }
+    memcpy(sn->id, p + SN_OFF(id), ilen);
+    memcpy(sn->name, p + SN_OFF(name), nlen);
+    return NULL;
+}
+
+static uint32_t snap_table_csum(const uint8_t *buf, uint64_t len)
+{
+    uint8_t zero[4] = { 0 };
+    uint32_t c = extree_crc32c(0, buf, SH_OFF(csum));
+
+    c = extree_crc32c(c, zero, 4);
+    return extree_crc32c(c, buf + SH_OFF(csum) + 4, len - SH_OFF(csum) - 4);
+}
+
+/* The table as it is in memory, ready to write (snap_table_bytes()) */
+static uint8_t *snap_table_encode(Extree *t, uint64_t *len)
+{
+    uint32_t n = t->snaps->len;
+    uint64_t used = sizeof(ExtreeDiskSnapHeader) +
+                    (uint64_t)n * EXTREE_SNAP_ENTRY_SIZE;
+    uint8_t *buf;
+
+    *len = snap_table_bytes(n, t->block_size);
+    buf = g_malloc0(*len);
+    ext_st32(buf + SH_OFF(magic), EXTREE_SNAP_MAGIC);
+    ext_st32(buf + SH_OFF(count), n);
+    ext_st32(buf + SH_OFF(entry_size), EXTREE_SNAP_ENTRY_SIZE);
+    for (uint32_t i = 0; i < n; i++) {
+        snap_encode(buf + sizeof(ExtreeDiskSnapHeader) +
+                    (size_t)i * EXTREE_SNAP_ENTRY_SIZE,
+                    &g_array_index(t->snaps, ExtreeSnap, i));
+    }
+    ext_st32(buf + SH_OFF(csum), snap_table_csum(buf, used));
+    return buf;
+}
+
+/* Open: read and validate the snapshot table @sb names.  O(snapshots). */
+static int snap_table_load(Extree *t, const ExtreeSuper *sb)
+{
+    uint64_t len = snap_table_bytes(sb->snap_count, t->block_size);
+    uint64_t used = sizeof(ExtreeDiskSnapHeader) +
+                    (uint64_t)sb->snap_count * EXTREE_SNAP_ENTRY_SIZE;
+    GHashTable *ids;
+    uint8_t *buf;
+    char *why = NULL;
+    int ret;
+
+    t->snaps = g_array_new(false, false, sizeof(ExtreeSnap));
+    if (!sb->snap_count) {
+        return 0;
+    }
+    buf = g_malloc(len);
+    ret = t->be->ops->pread(t->be->opaque, sb->snap_table, buf, len);
+    if (ret < 0) {
+        g_free(buf);
+        return ret;
+    }
+    if (ext_ld32(buf + SH_OFF(magic)) != EXTREE_SNAP_MAGIC) {
+        why = g_strdup_printf("bad magic 0x%08x",
+                              ext_ld32(buf + SH_OFF(magic)));
+    } else if (ext_ld32(buf + SH_OFF(csum)) != snap_table_csum(buf, used)) {
+        why = g_strdup_printf("bad checksum, have 0x%08x expect 0x%08x",
+                              ext_ld32(buf + SH_OFF(csum)),
+                              snap_table_csum(buf, used));
+    } else if (ext_ld32(buf + SH_OFF(count)) != sb->snap_count ||
+               ext_ld32(buf + SH_OFF(entry_size)) !=
+               EXTREE_SNAP_ENTRY_SIZE) {
+        why = g_strdup_printf("bad count %u or entry size %u, expect %u "
+                              "and %u", ext_ld32(buf + SH_OFF(count)),
+                              ext_ld32(buf + SH_OFF(entry_size)),
+                              sb->snap_count, EXTREE_SNAP_ENTRY_SIZE);
+    }
+    ids = g_hash_table_new(g_str_hash, g_str_equal);
+    for (uint32_t i = 0; !why && i < sb->snap_count; i++) {
+        ExtreeSnap sn;
+
+        why = snap_decode(t, buf + sizeof(ExtreeDiskSnapHeader) +
+                          (size_t)i * EXTREE_SNAP_ENTRY_SIZE, &sn);
+        if (!why) {
+            g_array_append_val(t->snaps, sn);
+            if (!g_hash_table_add(ids, g_array_index(t->snaps, ExtreeSnap,
+                                                     i).id)) {
+                why = g_strdup_printf("snapshot id '%s' used twice", sn.id);
+            }
+        }
+        if (why) {
+            char *w = g_strdup_printf("entry %u: %s", i, why);
+            g_free(why);
+            why = w;
+        }
+    }
+    g_hash_table_destroy(ids);
+    g_free(buf);
+    if (why) {
+        ret = extree_corrupt(t, sb->snap_table, "corrupt snapshot table at "
+                             "offset 0x%" PRIx64 ": %s", sb->snap_table, why);
+        g_free(why);
+        g_array_set_size(t->snaps, 0);
+        return ret;
+    }
+    t->snap_table = sb->snap_table;
+    t->snap_table_len = len;
+    return 0;
+}
+
+/*
+ * The table changed in this transaction: its old copy is freed, the new
+ * one gets new space (copy-on-write; written at commit)
+ */
+int extree_snap_table_moved(Extree *t)
+{
+    uint64_t len = snap_table_bytes(t->snaps->len, t->block_size);
+    uint64_t host;
+    int ret;
+
+    if (t->snap_table) {
+        ret = t->sm.ops->dec_ref(t->sm.opaque, t->snap_table,
+                                 t->snap_table_len, false);
+        if (ret < 0) {
+            return ret;
+        }
+        t->snap_table = t->snap_table_len = 0;
+    }
+    t->snaps_dirty = true;
+    t->super_dirty = true;
+    if (!t->snaps->len) {
+        return 0;
+    }
+    ret = extree_alloc_contig(t, len, &host);
+    if (ret < 0) {
+        return ret;
+    }
+    t->snap_table = host;
+    t->snap_table_len = len;
+    return 0;
+}
+
 static void tree_init(ExtreeTree *tree, uint32_t owner, const ExtreeSuper *s)
 {
     tree->owner = owner;
@@ -632,6 +920,13 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     EXT_FOR_EACH_TREE(owner) {
         tree_init(&t->trees[owner], owner, &sb[best]);
     }
+    t->snap_view = -1;
+    if (extree_has_refs(t)) {
+        tree_init(&t->trees[EXTREE_TREE_REFS], EXTREE_TREE_REFS, &sb[best]);
+        t->trees[EXTREE_TREE_EXTENT].shared = true;
+        t->snap_gen = sb[best].snap_gen;
+    }
+    t->trees[EXTREE_TREE_EXTENT].share_item = extree_extent_share;
     t->trees[EXTREE_TREE_EXTENT].nitems = sb[best].extent_count;
     t->trees[EXTREE_TREE_FREE].total = sb[best].free_bytes;
     t->csb = g_new(ExtreeSuper, 1);
@@ -683,8 +978,19 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
             extree_node_unref(t, n);
         }
     }
+    if (ret == 0) {
+        ret = snap_table_load(t, &sb[best]);
+    }
     if (ret == 0 && !t->read_only) {
+        extree_refs_init(t);
         ret = extree_freetree_load(t, sb[best].free_bytes);
+        if (ret == 0 && extree_has_refs(t)) {
+            ret = extree_reftree_load(t);
+            if (ret < 0) {
+                /* counts unknown: no updates (the checker may look) */
+                extree_alloc_set_loaded(t, false);
+            }
+        }
         if (ret < 0 && t->repair) {
             ret = 0;
         }
@@ -714,11 +1020,15 @@ void extree_close(Extree *t)
     if (!t) {
         return;
     }
-    EXT_FOR_EACH_TREE(o) {
+    for (uint32_t o = EXTREE_TREE_EXTENT; o < EXT_NTREES; o++) {
         extree_path_release(t, &t->pcache[o]);
     }
     extree_cache_destroy(t);
     extree_alloc_destroy(t);
+    extree_refs_destroy(t);
+    if (t->snaps) {
+        g_array_free(t->snaps, true);
+    }
     g_free(t->backing_file);
     g_free(t->backing_fmt);
     g_free(t->csb);
@@ -729,7 +1039,8 @@ void extree_close(Extree *t)
 
 bool extree_is_dirty(const Extree *t)
 {
-    return t->ndirty > 0 || t->super_dirty || t->oplog->len > 0;
+    return t->ndirty > 0 || t->super_dirty || t->oplog->len > 0 ||
+           (t->reflog && t->reflog->len > 0);
 }
 
 /*
@@ -786,6 +1097,11 @@ int extree_commit(Extree *t)
      *    are free in G + 1); loops to a fixed point.  A failure here leaves
      *    the trees half-synced: give up on them.
      */
+    ret = extree_reftree_sync(t);
+    if (ret < 0) {
+        t->broken = true;
+        goto fail;
+    }
     if (extree_alloc_trim_tail(t)) {
         t->trimmed = true;
     }
@@ -808,6 +1124,13 @@ int extree_commit(Extree *t)
         goto fail;
     }
     ret = extree_node_write_dirty(t);
+    if (ret == 0 && t->snaps_dirty && t->snap_table) {
+        uint64_t len;
+        uint8_t *buf = snap_table_encode(t, &len);
+
+        ret = t->be->ops->pwrite(t->be->opaque, t->snap_table, buf, len);
+        g_free(buf);
+    }
     if (ret < 0) {
         goto fail;
     }
@@ -842,6 +1165,7 @@ int extree_commit(Extree *t)
     t->generation = t->trans_gen;
     t->trans_gen++;
     t->super_dirty = false;
+    t->snaps_dirty = false;
     t->stats.commits++;
 
     /*
@@ -1072,7 +1396,9 @@ int extree_set_virtual_size(Extree *t, uint64_t size)
     if (ret < 0) {
         return ret;
     }
-    if (size % 512 || size > EXTREE_MAX_VIRTUAL_SIZE) {
+    if (size % 512 || size > (extree_has_refs(t) ?
+                              EXTREE_SNAP_MAX_VIRTUAL_SIZE :
+                              EXTREE_MAX_VIRTUAL_SIZE)) {
         return -EINVAL;
     }
     if (new_end < old_end) {

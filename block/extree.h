@@ -417,6 +417,61 @@ uint64_t extree_grow_bound(const Extree *t, uint64_t bytes);
 int extree_set_zero(Extree *t, uint64_t guest, uint64_t bytes);
 int extree_punch(Extree *t, uint64_t guest, uint64_t bytes);
 
+/*
+ * ---- Internal snapshots ----
+ * A snapshot is another root of the extent tree, sharing its nodes and
+ * data with the live tree; counts of the shared blocks are kept in the
+ * reference count tree (docs/interop/extree.rst, Snapshots).  Each call
+ * that changes the table commits whatever is pending first, then commits
+ * its own change: afterwards nothing is dirty.
+ */
+typedef struct ExtreeSnapshotInfo {
+    char id[EXTREE_SNAP_ID_MAX + 1];            /* "" on create: next free */
+    char name[EXTREE_SNAP_NAME_MAX + 1];
+    uint64_t date_sec;
+    uint32_t date_nsec;
+    uint64_t vm_clock_nsec, vm_state_size;
+    uint64_t icount;                            /* UINT64_MAX: none */
+    /* filled in by the core */
+    uint64_t generation, virtual_size, extent_count, extent_bytes;
+} ExtreeSnapshotInfo;
+
+unsigned extree_snapshot_count(const Extree *t);
+/* Entry @index (0 = oldest) */
+int extree_snapshot_get(const Extree *t, unsigned index,
+                        ExtreeSnapshotInfo *info);
+/*
+ * Index of the snapshot whose id (else, if none has it, whose name) is
+ * @id_or_name, or -ENOENT
+ */
+int extree_snapshot_find(const Extree *t, const char *id_or_name);
+/*
+ * Take a snapshot of the current state: O(1) metadata.  info->id empty:
+ * the lowest unused number.  -EEXIST: id in use; -EFBIG: 65535 snapshots,
+ * or a virtual size above 2^62; -EINVAL: id or name too long.
+ */
+int extree_snapshot_create(Extree *t, ExtreeSnapshotInfo *info);
+/*
+ * The live image becomes snapshot @index (its virtual size too); the old
+ * live state's unshared blocks are freed.  O(nodes freed).
+ */
+int extree_snapshot_goto(Extree *t, unsigned index);
+/* Drop snapshot @index: O(nodes no other root shares) */
+int extree_snapshot_delete(Extree *t, unsigned index);
+/*
+ * Read-only handle: reads and queries see snapshot @index from now on
+ * (qemu-img convert -l).  -EROFS on a read-write handle.
+ */
+int extree_snapshot_load_tmp(Extree *t, unsigned index);
+/*
+ * May the guest range [guest, + bytes), mapped as DATA at @host, be
+ * overwritten in place?  *@shared: no, a snapshot shares it, the write
+ * must go to new space (extree_alloc_data + extree_map_data).  O(1)
+ * without snapshots.
+ */
+int extree_data_shared(Extree *t, uint64_t guest, uint64_t bytes,
+                       uint64_t host, bool *shared);
+
 /* ---- Checker ---- */
 
 typedef struct ExtreeCheckResult {

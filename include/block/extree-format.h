@@ -69,7 +69,14 @@
  */
 #define EXTREE_INCOMPAT_CORRUPT_BITNR   0
 #define EXTREE_INCOMPAT_CORRUPT         (1ULL << EXTREE_INCOMPAT_CORRUPT_BITNR)
-#define EXTREE_INCOMPAT_MASK            EXTREE_INCOMPAT_CORRUPT
+/*
+ * EXTREE_INCOMPAT_SNAPSHOTS: blocks may be shared (reference count tree),
+ * snapshot table, VM state area
+ */
+#define EXTREE_INCOMPAT_SNAPSHOTS_BITNR 1
+#define EXTREE_INCOMPAT_SNAPSHOTS       (1ULL << EXTREE_INCOMPAT_SNAPSHOTS_BITNR)
+#define EXTREE_INCOMPAT_MASK \
+    (EXTREE_INCOMPAT_CORRUPT | EXTREE_INCOMPAT_SNAPSHOTS)
 
 /* Compatible features: none defined; unknown bits are ignored */
 #define EXTREE_COMPAT_MASK              0ULL
@@ -86,6 +93,18 @@
 /* Tree identifiers, stored in every node's owner field */
 #define EXTREE_TREE_EXTENT      1
 #define EXTREE_TREE_FREE        2
+#define EXTREE_TREE_REFS        3       /* reference counts of 2 and more */
+
+/* Snapshots bit: the VM state area of an extent tree, [2^62, 2^63 - 2^21) */
+#define EXTREE_VMSTATE_BASE     ((uint64_t)1 << 62)
+#define EXTREE_VMSTATE_END      ((uint64_t)INT64_MAX - \
+                                 (EXTREE_MAX_BLOCK_SIZE - 1))
+#define EXTREE_VMSTATE_MAX      (EXTREE_VMSTATE_END - EXTREE_VMSTATE_BASE)
+/* ... so the virtual size stays below it */
+#define EXTREE_SNAP_MAX_VIRTUAL_SIZE EXTREE_VMSTATE_BASE
+#define EXTREE_MAX_SNAPSHOTS    65535
+#define EXTREE_SNAP_ID_MAX      127
+#define EXTREE_SNAP_NAME_MAX    255
 
 typedef struct __attribute__((packed)) ExtreeDiskRoot {
     uint64_t bytenr;            /* host offset of the root node */
@@ -116,7 +135,12 @@ typedef struct __attribute__((packed)) ExtreeDiskSuper {
     uint16_t backing_fmt_len;   /*  146 */
     uint32_t reserved1;         /*  148 */
     uint64_t extent_bytes;      /*  152: sum of extent tree item lengths */
-    uint8_t reserved2[1024 - 160];
+    ExtreeDiskRoot ref_root;    /*  160: snapshots bit: reference counts */
+    uint64_t snap_table_offset; /*  184 */
+    uint32_t snap_count;        /*  192 */
+    uint32_t reserved5;         /*  196 */
+    uint64_t snap_generation;   /*  200: nodes this new or newer: 1 ref */
+    uint8_t reserved2[1024 - 208];
     char backing_fmt[32];       /* 1024 */
     uint8_t reserved3[2048 - 1056];
     char backing_file[1024];    /* 2048 */
@@ -154,6 +178,8 @@ typedef struct __attribute__((packed)) ExtreeDiskKeyPtr {
 #define EXTREE_ITEM_DATA        1   /* guest range stored at host_offset */
 #define EXTREE_ITEM_ZERO        2   /* guest range reads as zeroes */
 #define EXTREE_ITEM_FREE        3   /* free-space tree: free host range */
+#define EXTREE_ITEM_REFS        4   /* reference count tree: host_offset =
+                                       count (>= 2) of every block */
 
 /*
  * Leaf item.  Extent tree: key = guest offset.  Free-space tree: key =
@@ -166,6 +192,37 @@ typedef struct __attribute__((packed)) ExtreeDiskItem {
     uint32_t type;              /* EXTREE_ITEM_* */
     uint32_t flags;             /* reserved, 0 */
 } ExtreeDiskItem;
+
+/* Snapshot table: header, then snap_count entries */
+#define EXTREE_SNAP_MAGIC       0x4e535458U     /* "XTSN" */
+#define EXTREE_SNAP_ENTRY_SIZE  512
+
+typedef struct __attribute__((packed)) ExtreeDiskSnapHeader {
+    uint32_t magic;             /*  0: EXTREE_SNAP_MAGIC */
+    uint32_t csum;              /*  4: crc32c of header and entries */
+    uint32_t count;             /*  8: = snap_count */
+    uint32_t entry_size;        /* 12: EXTREE_SNAP_ENTRY_SIZE */
+    uint8_t reserved[48];       /* 16 */
+} ExtreeDiskSnapHeader;
+
+typedef struct __attribute__((packed)) ExtreeDiskSnapEntry {
+    ExtreeDiskRoot root;        /*   0: the snapshot's extent tree */
+    uint64_t generation;        /*  24: committed state it was taken of */
+    uint64_t virtual_size;      /*  32 */
+    uint64_t extent_count;      /*  40 */
+    uint64_t extent_bytes;      /*  48 */
+    uint64_t date_sec;          /*  56 */
+    uint32_t date_nsec;         /*  64 */
+    uint32_t reserved0;         /*  68 */
+    uint64_t vm_clock_nsec;     /*  72 */
+    uint64_t vm_state_size;     /*  80 */
+    uint64_t icount;            /*  88: all ones if none */
+    uint16_t id_len;            /*  96 */
+    uint16_t name_len;          /*  98 */
+    uint8_t reserved1[28];      /* 100 */
+    char id[128];               /* 128 */
+    char name[256];             /* 256 */
+} ExtreeDiskSnapEntry;
 
 #define EXTREE_NODE_HEADER_SIZE sizeof(ExtreeDiskNodeHeader)
 #define EXTREE_LEAF_CAPACITY(node_size) \
@@ -183,6 +240,25 @@ _Static_assert(__builtin_offsetof(ExtreeDiskSuper, extent_bytes) == 152, "sb");
 _Static_assert(__builtin_offsetof(ExtreeDiskSuper, backing_fmt) == 1024, "sb");
 _Static_assert(__builtin_offsetof(ExtreeDiskSuper, backing_file) == 2048,
                "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, ref_root) == 160, "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, snap_table_offset) == 184,
+               "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, snap_count) == 192, "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, snap_generation) == 200,
+               "sb");
+_Static_assert(sizeof(ExtreeDiskSnapHeader) == 64, "snapshot table header");
+_Static_assert(sizeof(ExtreeDiskSnapEntry) == EXTREE_SNAP_ENTRY_SIZE,
+               "snapshot entry");
+_Static_assert(__builtin_offsetof(ExtreeDiskSnapEntry, generation) == 24,
+               "snap");
+_Static_assert(__builtin_offsetof(ExtreeDiskSnapEntry, date_nsec) == 64,
+               "snap");
+_Static_assert(__builtin_offsetof(ExtreeDiskSnapEntry, vm_clock_nsec) == 72,
+               "snap");
+_Static_assert(__builtin_offsetof(ExtreeDiskSnapEntry, icount) == 88, "snap");
+_Static_assert(__builtin_offsetof(ExtreeDiskSnapEntry, id_len) == 96, "snap");
+_Static_assert(__builtin_offsetof(ExtreeDiskSnapEntry, id) == 128, "snap");
+_Static_assert(__builtin_offsetof(ExtreeDiskSnapEntry, name) == 256, "snap");
 _Static_assert(sizeof(ExtreeDiskNodeHeader) == 64, "node header size");
 _Static_assert(__builtin_offsetof(ExtreeDiskNodeHeader, magic) == 4, "node");
 _Static_assert(__builtin_offsetof(ExtreeDiskNodeHeader, bytenr) == 8, "node");

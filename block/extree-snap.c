@@ -1,0 +1,270 @@
+/*
+ * extree core: internal snapshots
+ *
+ * A snapshot is one more root of the extent tree (btrfs's subvolume
+ * snapshot): taking one adds a reference to the live root and nothing
+ * else; the B+tree copies shared nodes lazily, one at a time, when they
+ * change (extree-btree.c, release_node()); deleting one drops the parts
+ * no other root shares (extree_bt_drop()).  Every operation is one
+ * transaction of its own, committed here.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "extree-int.h"
+
+unsigned extree_snapshot_count(const Extree *t)
+{
+    return t->snaps ? t->snaps->len : 0;
+}
+
+static void info_from_snap(const ExtreeSnap *sn, ExtreeSnapshotInfo *info)
+{
+    memset(info, 0, sizeof(*info));
+    g_strlcpy(info->id, sn->id, sizeof(info->id));
+    g_strlcpy(info->name, sn->name, sizeof(info->name));
+    info->date_sec = sn->date_sec;
+    info->date_nsec = sn->date_nsec;
+    info->vm_clock_nsec = sn->vm_clock_nsec;
+    info->vm_state_size = sn->vm_state_size;
+    info->icount = sn->icount;
+    info->generation = sn->generation;
+    info->virtual_size = sn->virtual_size;
+    info->extent_count = sn->extent_count;
+    info->extent_bytes = sn->extent_bytes;
+}
+
+int extree_snapshot_get(const Extree *t, unsigned index,
+                        ExtreeSnapshotInfo *info)
+{
+    if (index >= extree_snapshot_count(t)) {
+        return -ENOENT;
+    }
+    info_from_snap(&g_array_index(t->snaps, ExtreeSnap, index), info);
+    return 0;
+}
+
+static int find_id(const Extree *t, const char *id)
+{
+    for (unsigned i = 0; i < extree_snapshot_count(t); i++) {
+        if (!strcmp(g_array_index(t->snaps, ExtreeSnap, i).id, id)) {
+            return i;
+        }
+    }
+    return -ENOENT;
+}
+
+int extree_snapshot_find(const Extree *t, const char *id_or_name)
+{
+    int i = find_id(t, id_or_name);
+
+    if (i >= 0) {
+        return i;
+    }
+    for (unsigned k = 0; k < extree_snapshot_count(t); k++) {
+        if (!strcmp(g_array_index(t->snaps, ExtreeSnap, k).name,
+                    id_or_name)) {
+            return k;
+        }
+    }
+    return -ENOENT;
+}
+
+/*
+ * The first snapshot on an image: the feature bit and an empty reference
+ * count tree, in the transaction that shares the first block
+ */
+static int enable_snapshots(Extree *t)
+{
+    ExtreeTree *rt = &t->trees[EXTREE_TREE_REFS];
+    int ret;
+
+    if (extree_has_refs(t)) {
+        return 0;
+    }
+    if (t->virtual_size > EXTREE_SNAP_MAX_VIRTUAL_SIZE) {
+        return -EFBIG;
+    }
+    t->incompat |= EXTREE_INCOMPAT_SNAPSHOTS;
+    rt->owner = EXTREE_TREE_REFS;
+    ret = extree_bt_new_root(t, rt);
+    if (ret < 0) {
+        t->incompat &= ~EXTREE_INCOMPAT_SNAPSHOTS;
+        return ret;
+    }
+    t->trees[EXTREE_TREE_EXTENT].shared = true;
+    return 0;
+}
+
+/* Nothing pending, and the handle may change */
+static int begin(Extree *t)
+{
+    int ret = extree_check_writable(t);
+
+    if (ret == 0) {
+        ret = extree_commit(t);
+    }
+    return ret;
+}
+
+/* The end of an operation: commit it, or give up on the handle */
+static int finish(Extree *t, int ret)
+{
+    t->seq++;
+    if (ret == 0) {
+        ret = extree_commit(t);
+    }
+    if (ret < 0) {
+        /* memory is ahead of the last commit: reopen to go on */
+        t->broken = true;
+    }
+    return ret;
+}
+
+int extree_snapshot_create(Extree *t, ExtreeSnapshotInfo *info)
+{
+    ExtreeTree *et = &t->trees[EXTREE_TREE_EXTENT];
+    ExtreeSnap sn;
+    int ret;
+
+    if (strlen(info->id) > EXTREE_SNAP_ID_MAX ||
+        strlen(info->name) > EXTREE_SNAP_NAME_MAX) {
+        return -EINVAL;
+    }
+    if (extree_snapshot_count(t) >= EXTREE_MAX_SNAPSHOTS ||
+        t->virtual_size > EXTREE_SNAP_MAX_VIRTUAL_SIZE) {
+        return -EFBIG;
+    }
+    if (info->id[0] && find_id(t, info->id) >= 0) {
+        return -EEXIST;
+    }
+    ret = begin(t);
+    if (ret < 0) {
+        return ret;
+    }
+    if (!info->id[0]) {
+        /* the lowest number not in use, as qcow2 does */
+        for (unsigned n = 1; ; n++) {
+            g_snprintf(info->id, sizeof(info->id), "%u", n);
+            if (find_id(t, info->id) < 0) {
+                break;
+            }
+        }
+    }
+    ret = enable_snapshots(t);
+    if (ret < 0) {
+        return ret;
+    }
+    memset(&sn, 0, sizeof(sn));
+    sn.root = et->root;
+    sn.root_gen = et->root_gen;
+    sn.level = et->level;
+    sn.generation = t->generation;
+    sn.virtual_size = t->virtual_size;
+    sn.extent_count = et->nitems;
+    sn.extent_bytes = et->total;
+    sn.date_sec = info->date_sec;
+    sn.date_nsec = info->date_nsec % 1000000000;
+    sn.vm_clock_nsec = info->vm_clock_nsec;
+    sn.vm_state_size = info->vm_state_size;
+    sn.icount = info->icount;
+    g_strlcpy(sn.id, info->id, sizeof(sn.id));
+    g_strlcpy(sn.name, info->name, sizeof(sn.name));
+
+    /* the one metadata change: the root gains the snapshot's reference */
+    ret = t->sm.ops->inc_ref(t->sm.opaque, et->root, t->node_size);
+    if (ret == 0) {
+        g_array_append_val(t->snaps, sn);
+        t->snap_gen = t->trans_gen;
+        ret = extree_snap_table_moved(t);
+    }
+    ret = finish(t, ret);
+    if (ret == 0) {
+        info_from_snap(&sn, info);
+    }
+    return ret;
+}
+
+/* A tree descriptor for snapshot @sn's extent tree */
+static void snap_tree(Extree *t, const ExtreeSnap *sn, ExtreeTree *tree)
+{
+    *tree = t->trees[EXTREE_TREE_EXTENT];
+    tree->root = sn->root;
+    tree->root_gen = sn->root_gen;
+    tree->level = sn->level;
+    tree->nitems = sn->extent_count;
+    tree->total = sn->extent_bytes;
+}
+
+int extree_snapshot_goto(Extree *t, unsigned index)
+{
+    ExtreeTree *et = &t->trees[EXTREE_TREE_EXTENT];
+    ExtreeTree old;
+    ExtreeSnap *sn;
+    int ret;
+
+    if (index >= extree_snapshot_count(t)) {
+        return -ENOENT;
+    }
+    ret = begin(t);
+    if (ret < 0) {
+        return ret;
+    }
+    sn = &g_array_index(t->snaps, ExtreeSnap, index);
+    /* first the new reference: the old live root may be the same node */
+    ret = t->sm.ops->inc_ref(t->sm.opaque, sn->root, t->node_size);
+    if (ret == 0) {
+        old = *et;
+        snap_tree(t, sn, et);
+        t->virtual_size = sn->virtual_size;
+        t->snap_gen = t->trans_gen;
+        t->super_dirty = true;
+        ret = extree_bt_drop(t, &old, extree_extent_release, t);
+    }
+    return finish(t, ret);
+}
+
+int extree_snapshot_delete(Extree *t, unsigned index)
+{
+    ExtreeTree tree;
+    int ret;
+
+    if (index >= extree_snapshot_count(t)) {
+        return -ENOENT;
+    }
+    ret = begin(t);
+    if (ret < 0) {
+        return ret;
+    }
+    snap_tree(t, &g_array_index(t->snaps, ExtreeSnap, index), &tree);
+    ret = extree_bt_drop(t, &tree, extree_extent_release, t);
+    if (ret == 0) {
+        g_array_remove_index(t->snaps, index);
+        ret = extree_snap_table_moved(t);
+    }
+    /* the live tree's path cache may hold nodes the drop freed */
+    extree_path_release(t, &t->pcache[EXTREE_TREE_EXTENT]);
+    return finish(t, ret);
+}
+
+int extree_snapshot_load_tmp(Extree *t, unsigned index)
+{
+    ExtreeTree *et = &t->trees[EXTREE_TREE_EXTENT];
+    ExtreeSnap *sn;
+
+    if (!t->read_only) {
+        return -EROFS;
+    }
+    if (index >= extree_snapshot_count(t)) {
+        return -ENOENT;
+    }
+    sn = &g_array_index(t->snaps, ExtreeSnap, index);
+    extree_path_release(t, &t->pcache[EXTREE_TREE_EXTENT]);
+    snap_tree(t, sn, et);
+    t->virtual_size = sn->virtual_size;
+    t->snap_view = index;
+    t->seq++;
+    return 0;
+}
