@@ -969,9 +969,7 @@ static int report_removed(ExtreeRemovedFn *removed, void *opaque,
     }
     piece.key = from;
     piece.length = to - from;
-    if (old->type != EXTREE_ITEM_ZERO) {
-        piece.host = old->host + (from - old->key);
-    }
+    piece.host = extree_item_host_at(old, from);
     return removed(opaque, &piece);
 }
 
@@ -1054,17 +1052,20 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
 
         changed = true;
         head.length = start - prev.key;
-        ret = report_removed(removed, opaque, &prev, start, MIN(pend, end));
+        /*
+         * The update first: it copies a shared leaf, which gives the
+         * item's space the copy's reference before the piece drops it
+         */
+        ret = bt_update_item(t, tree, prev.key, &head);
         if (ret == 0) {
-            ret = bt_update_item(t, tree, prev.key, &head);
+            ret = report_removed(removed, opaque, &prev, start,
+                                 MIN(pend, end));
         }
         if (ret == 0 && pend > end) {
             ExtreeItem tail = prev;
             tail.key = end;
             tail.length = pend - end;
-            if (tail.type != EXTREE_ITEM_ZERO) {
-                tail.host = prev.host + (end - prev.key);
-            }
+            tail.host = extree_item_host_at(&prev, end);
             ret = bt_insert_item(t, tree, &tail);
         }
         if (ret < 0) {
@@ -1083,12 +1084,10 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
             ExtreeItem cut = next;
             cut.key = end;
             cut.length = next.key + next.length - end;
-            if (cut.type != EXTREE_ITEM_ZERO) {
-                cut.host = next.host + (end - next.key);
-            }
-            ret = report_removed(removed, opaque, &next, next.key, end);
+            cut.host = extree_item_host_at(&next, end);
+            ret = bt_update_item(t, tree, next.key, &cut);
             if (ret == 0) {
-                ret = bt_update_item(t, tree, next.key, &cut);
+                ret = report_removed(removed, opaque, &next, next.key, end);
             }
             if (ret < 0) {
                 return ret;

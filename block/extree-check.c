@@ -17,7 +17,22 @@
 
 #include "extree-int.h"
 
-enum { CLAIM_EXTENT_NODE, CLAIM_FREE_NODE, CLAIM_DATA, CLAIM_FREE };
+enum {
+    CLAIM_EXTENT_NODE, CLAIM_FREE_NODE, CLAIM_DATA, CLAIM_FREE,
+    CLAIM_REF_NODE, CLAIM_SNAP_TABLE,
+};
+
+/*
+ * A node already walked: a second reference to it (from another
+ * snapshot's tree) counts, and its subtree's items count for that tree too
+ */
+typedef struct Visit {
+    uint64_t bytenr;
+    uint32_t refs;
+    unsigned level;
+    uint64_t generation;
+    uint64_t items, bytes;      /* leaf items and their lengths below */
+} Visit;
 
 typedef struct Claim {
     uint64_t start, len;
@@ -31,7 +46,8 @@ typedef struct CheckCtx {
     ExtreeReportFn *report;
     void *opaque;
     GArray *claims;
-    GHashTable *visited;        /* node bytenrs: a shared node is walked once */
+    GHashTable *visited;        /* Visit by bytenr: a node is walked once */
+    GArray *refs_found;         /* REFS items of the reference count tree */
     uint8_t *bufs[EXTREE_MAX_LEVELS];
     ExtreeItem last;            /* previous leaf item of the tree walked */
     bool has_last;
@@ -76,32 +92,68 @@ static void claim(CheckCtx *c, uint64_t start, uint64_t len, uint64_t key,
     g_array_append_val(c->claims, cl);
 }
 
+static int claim_kind(uint32_t owner)
+{
+    switch (owner) {
+    case EXTREE_TREE_EXTENT:
+        return CLAIM_EXTENT_NODE;
+    case EXTREE_TREE_REFS:
+        return CLAIM_REF_NODE;
+    default:
+        return CLAIM_FREE_NODE;
+    }
+}
+
+/*
+ * Walk the subtree at @bytenr; *@items and *@bytes: its leaf items and
+ * their lengths.  A node reached again (a snapshot shares it) is not
+ * walked again: its reference is counted, and it must be what its new
+ * parent expects.
+ */
 static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
-                 const ExtreeNodeExpect *e)
+                 const ExtreeNodeExpect *e, uint64_t *items, uint64_t *bytes)
 {
     Extree *t = c->t;
     const char *tree = extree_tree_name(owner);
     uint8_t *buf = c->bufs[e->level];
     ExtreeNode view;
+    Visit *v;
     char *why = NULL;
     uint32_t nr;
     int ret;
 
-    if (g_hash_table_contains(c->visited, &bytenr)) {
-        count(c, owner == EXTREE_TREE_FREE);
-        say(c, "corrupt %s node at offset 0x%" PRIx64 ": referenced twice",
-            tree, bytenr);
+    *items = *bytes = 0;
+    v = g_hash_table_lookup(c->visited, &bytenr);
+    if (v) {
+        c->has_last = false;
+        if (owner != EXTREE_TREE_EXTENT || !extree_has_refs(t)) {
+            count(c, owner == EXTREE_TREE_FREE);
+            say(c, "corrupt %s node at offset 0x%" PRIx64 ": referenced "
+                "twice", tree, bytenr);
+            return;
+        }
+        if (v->level != e->level || v->generation != e->generation) {
+            count(c, false);
+            say(c, "corrupt %s node at offset 0x%" PRIx64 ": shared node "
+                "is level %u generation %" PRIu64 ", a parent expects %u %"
+                PRIu64, tree, bytenr, v->level, v->generation, e->level,
+                e->generation);
+            return;
+        }
+        v->refs++;
+        *items = v->items;
+        *bytes = v->bytes;
         return;
     }
-    {
-        uint64_t *k = g_new(uint64_t, 1);
-        *k = bytenr;
-        g_hash_table_add(c->visited, k);
-    }
+    v = g_new0(Visit, 1);
+    v->bytenr = bytenr;
+    v->refs = 1;
+    v->level = e->level;
+    v->generation = e->generation;
+    g_hash_table_insert(c->visited, &v->bytenr, v);
     c->res->nodes++;
     c->res->metadata_bytes += t->node_size;
-    claim(c, bytenr, t->node_size, bytenr,
-          owner == EXTREE_TREE_EXTENT ? CLAIM_EXTENT_NODE : CLAIM_FREE_NODE);
+    claim(c, bytenr, t->node_size, bytenr, claim_kind(owner));
 
     if (!EXTREE_IS_ALIGNED(bytenr, t->block_size) || bytenr < t->data_start ||
         bytenr >= t->host_end || t->host_end - bytenr < t->node_size) {
@@ -130,6 +182,8 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
         if (e->level) {
             ExtreeNodeExpect ce;
             ExtreeKeyPtr kp;
+            uint64_t ci, cb;
+
             ptr_get(&view, i, &kp);
             ce.owner = owner;
             ce.level = e->level - 1;
@@ -139,25 +193,27 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
             ce.key_end = i + 1 < nr ? ptr_key(&view, i + 1) : e->key_end;
             ce.has_bytes = true;
             ce.bytes = kp.bytes;
-            walk(c, owner, kp.child, &ce);
+            walk(c, owner, kp.child, &ce, &ci, &cb);
+            *items += ci;
+            *bytes += cb;
             /* the child's walk reused deeper buffers only */
         } else {
             ExtreeItem it;
             leaf_get(&view, i, &it);
-            if (c->has_last && c->last.key + c->last.length == it.key &&
-                c->last.type == it.type &&
-                (it.type == EXTREE_ITEM_ZERO ||
-                 c->last.host + c->last.length == it.host)) {
+            if (c->has_last && extree_items_mergeable(&c->last, &it)) {
                 c->res->unmerged++;
             }
             c->last = it;
             c->has_last = true;
+            (*items)++;
+            *bytes += it.length;
             if (owner == EXTREE_TREE_EXTENT) {
-                c->res->extents++;
                 if (it.type == EXTREE_ITEM_DATA) {
                     c->res->data_bytes += it.length;
                     claim(c, it.host, it.length, it.key, CLAIM_DATA);
                 }
+            } else if (owner == EXTREE_TREE_REFS) {
+                g_array_append_val(c->refs_found, it);
             } else {
                 c->res->free_items++;
                 c->res->free_bytes += it.length;
@@ -165,6 +221,172 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
             }
         }
     }
+    v->items = *items;
+    v->bytes = *bytes;
+}
+
+/*
+ * Every snapshot's tree: walked (nodes shared with trees walked before are
+ * counted, not walked again), its items and bytes compared with its
+ * entry; the table's blocks claimed
+ */
+static void check_snapshots(CheckCtx *c)
+{
+    Extree *t = c->t;
+
+    if (t->snap_table) {
+        claim(c, t->snap_table, t->snap_table_len, 0, CLAIM_SNAP_TABLE);
+        c->res->metadata_bytes += t->snap_table_len;
+    }
+    for (guint i = 0; i < t->snaps->len; i++) {
+        const ExtreeSnap *sn = &g_array_index(t->snaps, ExtreeSnap, i);
+        ExtreeNodeExpect e = {
+            .owner = EXTREE_TREE_EXTENT, .level = sn->level,
+            .generation = sn->root_gen, .key_end = UINT64_MAX,
+        };
+        uint64_t items, bytes;
+
+        c->has_last = false;
+        walk(c, EXTREE_TREE_EXTENT, sn->root, &e, &items, &bytes);
+        if (items != sn->extent_count || bytes != sn->extent_bytes) {
+            count(c, false);
+            say(c, "corrupt snapshot table at offset 0x%" PRIx64 ": "
+                "snapshot '%s' has extent_count %" PRIu64 " extent_bytes "
+                "0x%" PRIx64 ", its tree %" PRIu64 " and 0x%" PRIx64,
+                t->snap_table, sn->id, sn->extent_count, sn->extent_bytes,
+                items, bytes);
+        }
+    }
+}
+
+typedef struct Seg {
+    uint64_t start, end;
+    uint32_t count;
+} Seg;
+
+static gint seg_cmp(gconstpointer a, gconstpointer b)
+{
+    const Seg *x = a, *y = b;
+
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* The count of @pos in sorted disjoint @segs (1 if none), moving *@i on */
+static uint32_t seg_count(GArray *segs, guint *i, uint64_t pos)
+{
+    while (*i < segs->len && g_array_index(segs, Seg, *i).end <= pos) {
+        (*i)++;
+    }
+    if (*i < segs->len && g_array_index(segs, Seg, *i).start <= pos) {
+        return g_array_index(segs, Seg, *i).count;
+    }
+    return 1;
+}
+
+static void add_bound(GArray *b, uint64_t pos)
+{
+    g_array_append_val(b, pos);
+}
+
+static gint u64_cmp(gconstpointer a, gconstpointer b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+/*
+ * Counts of 2 and more found by the walk (nodes reached from several
+ * parents or roots, DATA blocks of several leaves) against those the
+ * reference count tree records.  Fewer recorded than found is corruption
+ * (a writer would free a block still in use); more is a leak of
+ * references.  O(claims log claims).
+ */
+static void check_counts(CheckCtx *c)
+{
+    Extree *t = c->t;
+    GArray *found = g_array_new(false, false, sizeof(Seg));
+    GArray *rec = g_array_new(false, false, sizeof(Seg));
+    GArray *ev = g_array_new(false, false, sizeof(uint64_t) * 2);
+    GArray *bounds = g_array_new(false, false, sizeof(uint64_t));
+    GHashTableIter hi;
+    gpointer val;
+    uint64_t depth = 0, prev = 0;
+    guint fi = 0, ri = 0;
+
+    /* DATA: how many claims cover each block (a sweep over their ends) */
+    for (guint i = 0; i < c->claims->len; i++) {
+        const Claim *cl = &g_array_index(c->claims, Claim, i);
+        uint64_t e1[2] = { cl->start, 1 }, e2[2] = { cl->start + cl->len, 0 };
+
+        if (cl->kind == CLAIM_DATA) {
+            g_array_append_vals(ev, e1, 1);
+            g_array_append_vals(ev, e2, 1);
+        }
+    }
+    g_array_sort(ev, u64_cmp);
+    for (guint i = 0; i < ev->len; i++) {
+        uint64_t *x = &g_array_index(ev, uint64_t, 2 * i);
+
+        if (x[0] > prev && depth >= 2) {
+            Seg sg = { prev, x[0], depth };
+            g_array_append_val(found, sg);
+        }
+        prev = x[0];
+        depth = x[1] ? depth + 1 : depth - 1;
+    }
+    g_hash_table_iter_init(&hi, c->visited);
+    while (g_hash_table_iter_next(&hi, NULL, &val)) {
+        Visit *v = val;
+        if (v->refs >= 2) {
+            Seg sg = { v->bytenr, v->bytenr + t->node_size, v->refs };
+            g_array_append_val(found, sg);
+        }
+    }
+    g_array_sort(found, seg_cmp);
+    for (guint i = 0; i < c->refs_found->len; i++) {
+        const ExtreeItem *it = &g_array_index(c->refs_found, ExtreeItem, i);
+        Seg sg = { it->key, it->key + it->length, it->host };
+        g_array_append_val(rec, sg);
+    }
+    for (guint i = 0; i < found->len; i++) {
+        add_bound(bounds, g_array_index(found, Seg, i).start);
+        add_bound(bounds, g_array_index(found, Seg, i).end);
+    }
+    for (guint i = 0; i < rec->len; i++) {
+        add_bound(bounds, g_array_index(rec, Seg, i).start);
+        add_bound(bounds, g_array_index(rec, Seg, i).end);
+    }
+    g_array_sort(bounds, u64_cmp);
+    for (guint i = 0; i + 1 < bounds->len; i++) {
+        uint64_t a = g_array_index(bounds, uint64_t, i);
+        uint64_t b = g_array_index(bounds, uint64_t, i + 1);
+        uint32_t want, have;
+
+        if (a == b) {
+            continue;
+        }
+        want = seg_count(found, &fi, a);
+        have = seg_count(rec, &ri, a);
+        if (want == have) {
+            continue;
+        }
+        if (have < want) {
+            count(c, false);
+            say(c, "corrupt reference count tree: host range at offset 0x%"
+                PRIx64 " length 0x%" PRIx64 " has %u references recorded, %u"
+                " found", a, b - a, have, want);
+        } else {
+            c->res->leaks++;
+            say(c, "leaked references: host range at offset 0x%" PRIx64
+                " length 0x%" PRIx64 " has %u references recorded, %u found",
+                a, b - a, have, want);
+        }
+    }
+    g_array_free(found, true);
+    g_array_free(rec, true);
+    g_array_free(ev, true);
+    g_array_free(bounds, true);
 }
 
 static gint claim_cmp(gconstpointer a, gconstpointer b)
@@ -188,6 +410,13 @@ static const char *claim_name(const Claim *cl, char *buf, size_t size)
     case CLAIM_DATA:
         g_snprintf(buf, size, "extent at guest offset 0x%" PRIx64, cl->key);
         break;
+    case CLAIM_REF_NODE:
+        g_snprintf(buf, size, "reference count tree node 0x%" PRIx64,
+                   cl->key);
+        break;
+    case CLAIM_SNAP_TABLE:
+        g_snprintf(buf, size, "snapshot table");
+        break;
     default:
         g_snprintf(buf, size, "free space");
         break;
@@ -204,6 +433,10 @@ static void overlap(CheckCtx *c, const Claim *a, const Claim *b)
      * a claim of the free tree (its nodes or its free space) is the one
      * to doubt: rebuilding the free tree resolves it
      */
+    if (a->kind == CLAIM_DATA && b->kind == CLAIM_DATA &&
+        extree_has_refs(c->t)) {
+        return;     /* shared by snapshots: the counts are checked later */
+    }
     count(c, a->kind == CLAIM_FREE || b->kind == CLAIM_FREE ||
              a->kind == CLAIM_FREE_NODE || b->kind == CLAIM_FREE_NODE);
     if (a->kind == CLAIM_DATA && b->kind == CLAIM_DATA) {
@@ -231,7 +464,11 @@ static void leak(CheckCtx *c, GArray *leaks, uint64_t start, uint64_t end)
     g_array_append_val(leaks, l);
 }
 
-/* Extent-tree nodes and DATA extents, sorted and merged (ExtreeAllocOp) */
+/*
+ * Everything but the free-space tree and free space (extent-tree nodes,
+ * DATA extents, reference count tree nodes, the snapshot table), sorted
+ * and merged (ExtreeAllocOp)
+ */
 static GArray *used_ranges(CheckCtx *c)
 {
     GArray *used = g_array_new(false, false, sizeof(ExtreeAllocOp));
@@ -241,7 +478,7 @@ static GArray *used_ranges(CheckCtx *c)
         ExtreeAllocOp *last = used->len ?
             &g_array_index(used, ExtreeAllocOp, used->len - 1) : NULL;
 
-        if (cl->kind != CLAIM_EXTENT_NODE && cl->kind != CLAIM_DATA) {
+        if (cl->kind == CLAIM_FREE || cl->kind == CLAIM_FREE_NODE) {
             continue;
         }
         if (last && cl->start <= last->start + last->len) {
@@ -353,17 +590,30 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
         }
     }
     c.claims = g_array_new(false, false, sizeof(Claim));
-    c.visited = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free,
-                                      NULL);
+    c.visited = g_hash_table_new_full(g_int64_hash, g_int64_equal, NULL,
+                                      g_free);
     for (int l = 0; l < EXTREE_MAX_LEVELS; l++) {
         c.bufs[l] = g_malloc(t->node_size);
     }
-    EXT_FOR_EACH_TREE(owner) {
+    c.refs_found = g_array_new(false, false, sizeof(ExtreeItem));
+    for (uint32_t owner = EXTREE_TREE_EXTENT; owner < EXT_NTREES; owner++) {
         ExtreeTree *tree = &t->trees[owner];
         ExtreeNodeExpect e;
+        uint64_t items, bytes;
+
+        if (owner == EXTREE_TREE_REFS && !extree_has_refs(t)) {
+            continue;
+        }
         extree_tree_expect(t, tree, &e);
         c.has_last = false;
-        walk(&c, tree->owner, tree->root, &e);
+        walk(&c, tree->owner, tree->root, &e, &items, &bytes);
+        if (owner == EXTREE_TREE_EXTENT) {
+            res->extents = items;
+        }
+    }
+    if (extree_has_refs(t)) {
+        check_snapshots(&c);
+        check_counts(&c);
     }
     if (t->root_bytes_bad) {
         count(&c, false);
@@ -417,6 +667,7 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
         g_free(c.bufs[l]);
     }
     g_hash_table_destroy(c.visited);
+    g_array_free(c.refs_found, true);
     g_array_free(c.claims, true);
     g_array_free(leaks, true);
     return ret;

@@ -300,6 +300,21 @@ static inline bool extree_items_mergeable(const ExtreeItem *a,
     }
 }
 
+/*
+ * The host field of the piece of @it that starts at guest (or host) offset
+ * @key: ZERO has none, REFS holds a count, DATA and FREE an offset
+ */
+static inline uint64_t extree_item_host_at(const ExtreeItem *it, uint64_t key)
+{
+    switch (it->type) {
+    case EXTREE_ITEM_ZERO:
+    case EXTREE_ITEM_REFS:
+        return it->host;
+    default:
+        return it->host + (key - it->key);
+    }
+}
+
 /* The piece [item->key, + item->length) of a leaf item left the tree */
 typedef int ExtreeRemovedFn(void *opaque, const ExtreeItem *piece);
 
