@@ -17,19 +17,32 @@
 
 /* ---- updates ---- */
 
-static int check_update(Extree *t, uint64_t guest, uint64_t bytes)
+/*
+ * A block-aligned range of the virtual disk, or with snapshots of the VM
+ * state area (extree-snap.c writes VM state there)
+ */
+static bool range_ok(Extree *t, uint64_t guest, uint64_t bytes)
 {
     uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
+
+    if (!bytes || !EXTREE_IS_ALIGNED(guest | bytes, t->block_size)) {
+        return false;
+    }
+    if (guest < vend) {
+        return bytes <= vend - guest;
+    }
+    return extree_has_refs(t) && guest >= EXTREE_VMSTATE_BASE &&
+           guest < EXTREE_VMSTATE_END && bytes <= EXTREE_VMSTATE_END - guest;
+}
+
+static int check_update(Extree *t, uint64_t guest, uint64_t bytes)
+{
     int ret = extree_check_writable(t);
 
     if (ret < 0) {
         return ret;
     }
-    if (!bytes || !EXTREE_IS_ALIGNED(guest | bytes, t->block_size) ||
-        guest >= vend || bytes > vend - guest) {
-        return -EINVAL;
-    }
-    return 0;
+    return range_ok(t, guest, bytes) ? 0 : -EINVAL;
 }
 
 /* What a range replace of the extent tree puts in place */
@@ -191,18 +204,13 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
                       uint64_t *host, uint64_t *got)
 {
     ExtreeTree *tree = &t->trees[EXTREE_TREE_EXTENT];
-    uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
     ExtreeItem prev, next;
     bool hp, hn;
     int ret;
 
-    ret = extree_check_writable(t);
+    ret = check_update(t, guest, bytes);
     if (ret < 0) {
         return ret;
-    }
-    if (!bytes || !EXTREE_IS_ALIGNED(guest | bytes, t->block_size) ||
-        guest >= vend || bytes > vend - guest) {
-        return -EINVAL;
     }
     ret = extree_bt_find(t, tree, guest, &prev, &hp, &next, &hn);
     if (ret < 0) {

@@ -123,6 +123,17 @@ static int finish(Extree *t, int ret)
     return ret;
 }
 
+/* Punch the live tree's VM state area, committed if it held anything */
+static int vmstate_drop(Extree *t)
+{
+    ExtreeItem none = { 0 };
+    int ret;
+
+    ret = extree_extent_update(t, &none, EXTREE_VMSTATE_BASE,
+                               EXTREE_VMSTATE_MAX);
+    return finish(t, ret);
+}
+
 int extree_snapshot_create(Extree *t, ExtreeSnapshotInfo *info)
 {
     ExtreeTree *et = &t->trees[EXTREE_TREE_EXTENT];
@@ -183,6 +194,11 @@ int extree_snapshot_create(Extree *t, ExtreeSnapshotInfo *info)
     ret = finish(t, ret);
     if (ret == 0) {
         info_from_snap(&sn, info);
+        /*
+         * The VM state saved for it is the snapshot's now; the live tree
+         * lets go of it, so that the next snapshot does not share it
+         */
+        ret = vmstate_drop(t);
     }
     return ret;
 }
@@ -267,4 +283,117 @@ int extree_snapshot_load_tmp(Extree *t, unsigned index)
     t->snap_view = index;
     t->seq++;
     return 0;
+}
+
+/* ---- VM state: the area from EXTREE_VMSTATE_BASE of the live tree ---- */
+
+static int vmstate_range(Extree *t, uint64_t pos, uint64_t bytes)
+{
+    if (pos > EXTREE_VMSTATE_MAX || bytes > EXTREE_VMSTATE_MAX - pos) {
+        return -EFBIG;
+    }
+    return 0;
+}
+
+/* Block @blk of the area as the live tree holds it (zeroes if unmapped) */
+static int vmstate_read_block(Extree *t, uint64_t blk, uint8_t *buf)
+{
+    ExtreeTree *et = &t->trees[EXTREE_TREE_EXTENT];
+    uint64_t key = EXTREE_VMSTATE_BASE + blk * t->block_size;
+    ExtreeItem prev, next;
+    bool hp, hn;
+    int ret;
+
+    memset(buf, 0, t->block_size);
+    if (!extree_has_refs(t)) {
+        return 0;
+    }
+    ret = extree_bt_find(t, et, key, &prev, &hp, &next, &hn);
+    if (ret < 0) {
+        return ret;
+    }
+    if (hn && next.key == key) {
+        prev = next;
+        hp = true;
+    }
+    if (hp && prev.type == EXTREE_ITEM_DATA && prev.key <= key &&
+        key - prev.key < prev.length) {
+        return t->be->ops->pread(t->be->opaque, prev.host + (key - prev.key),
+                                 buf, t->block_size);
+    }
+    return 0;
+}
+
+int extree_vmstate_read(Extree *t, uint64_t pos, void *buf, uint64_t bytes)
+{
+    uint64_t bs = t->block_size;
+    uint8_t *blk = g_malloc(bs);
+    int ret = vmstate_range(t, pos, bytes);
+
+    while (ret == 0 && bytes) {
+        uint64_t off = pos % bs, n = MIN(bytes, bs - off);
+
+        ret = vmstate_read_block(t, pos / bs, blk);
+        memcpy(buf, blk + off, n);
+        buf = (uint8_t *)buf + n;
+        pos += n;
+        bytes -= n;
+    }
+    g_free(blk);
+    return ret;
+}
+
+/*
+ * Always to new space, block by block of the allocation (partial blocks
+ * read back first), then mapped: the VM state is written once per savevm
+ */
+int extree_vmstate_write(Extree *t, uint64_t pos, const void *buf,
+                         uint64_t bytes)
+{
+    uint64_t bs = t->block_size;
+    int ret = extree_check_writable(t);
+
+    if (ret == 0) {
+        ret = vmstate_range(t, pos, bytes);
+    }
+    if (ret == 0) {
+        ret = enable_snapshots(t);
+    }
+    while (ret == 0 && bytes) {
+        uint64_t start = pos / bs * bs;
+        uint64_t end = EXTREE_ROUND_UP(pos + bytes, bs);
+        uint64_t host, got, n;
+        uint8_t *tmp;
+
+        ret = extree_alloc_data(t, EXTREE_VMSTATE_BASE + start, end - start,
+                                &host, &got);
+        if (ret < 0) {
+            break;
+        }
+        tmp = g_malloc(got);
+        if (pos > start) {
+            ret = vmstate_read_block(t, start / bs, tmp);
+        }
+        n = MIN(bytes, start + got - pos);
+        if (ret == 0 && (pos + n) % bs) {
+            uint64_t last = (pos + n) / bs * bs;
+
+            ret = vmstate_read_block(t, last / bs, tmp + (last - start));
+        }
+        if (ret == 0) {
+            memcpy(tmp + (pos - start), buf, n);
+            ret = t->be->ops->pwrite(t->be->opaque, host, tmp, got);
+        }
+        if (ret == 0) {
+            ret = extree_map_data(t, EXTREE_VMSTATE_BASE + start, got, host);
+        }
+        if (ret < 0) {
+            extree_free_data(t, host, got);
+        }
+        g_free(tmp);
+        buf = (const uint8_t *)buf + n;
+        pos += n;
+        bytes -= n;
+    }
+    return ret;
 }

@@ -464,6 +464,16 @@ int extree_snapshot_delete(Extree *t, unsigned index);
  */
 int extree_snapshot_load_tmp(Extree *t, unsigned index);
 /*
+ * The VM state of the live image, bytes [pos, pos + bytes) of it (savevm
+ * writes it, then takes the snapshot, which keeps it and takes it out of
+ * the live image; loadvm reverts to the snapshot, then reads it).  Kept
+ * in the extent tree above the virtual disk (spec: VM state); writing
+ * enables the snapshots feature.  Unwritten bytes read as zeroes.
+ */
+int extree_vmstate_write(Extree *t, uint64_t pos, const void *buf,
+                         uint64_t bytes);
+int extree_vmstate_read(Extree *t, uint64_t pos, void *buf, uint64_t bytes);
+/*
  * May the guest range [guest, + bytes), mapped as DATA at @host, be
  * overwritten in place?  *@shared: no, a snapshot shares it, the write
  * must go to new space (extree_alloc_data + extree_map_data).  O(1)

@@ -433,11 +433,59 @@ static void test_crash(void)
     g_array_free(c.snaps, true);
 }
 
+/*
+ * VM state: written at unaligned offsets, kept by the snapshot taken
+ * next, gone from the live image, back after a revert
+ */
+static void test_vmstate(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeSnapshotInfo info = { .icount = UINT64_MAX };
+    size_t len = 3 * BS + 1234;
+    uint8_t *state = g_malloc(len), *back = g_malloc(len);
+    uint64_t seed = 7;
+
+    for (size_t i = 0; i < len; i++) {
+        state[i] = model_rand(&seed);
+    }
+    ct_write(t, 0, 4 * BS);
+    /* as migration writes it: pieces, not aligned to blocks */
+    g_assert_cmpint(extree_vmstate_write(t, 0, state, 100), ==, 0);
+    g_assert_cmpint(extree_vmstate_write(t, 100, state + 100, BS), ==, 0);
+    g_assert_cmpint(extree_vmstate_write(t, 100 + BS, state + 100 + BS,
+                                         len - 100 - BS), ==, 0);
+    g_assert_cmpint(extree_vmstate_read(t, 0, back, len), ==, 0);
+    g_assert_cmpmem(back, len, state, len);
+    info.vm_state_size = len;
+    g_assert_cmpint(extree_snapshot_create(t, &info), ==, 0);
+    /* the live image no longer holds it */
+    g_assert_cmpint(extree_vmstate_read(t, 0, back, len), ==, 0);
+    for (size_t i = 0; i < len; i++) {
+        g_assert_cmpint(back[i], ==, 0);
+    }
+    ct_write(t, 0, 2 * BS);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    t = ct_open(be);
+    g_assert_cmpint(extree_snapshot_goto(t, 0), ==, 0);
+    g_assert_cmpint(extree_vmstate_read(t, 0, back, len), ==, 0);
+    g_assert_cmpmem(back, len, state, len);
+    ct_check_clean(t, NULL);
+    g_assert_cmpint(extree_snapshot_delete(t, 0), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+    g_free(state);
+    g_free(back);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/snap/create-constant", test_create_constant);
     g_test_add_func("/snap/random", test_random);
     g_test_add_func("/snap/crash", test_crash);
+    g_test_add_func("/snap/vmstate", test_vmstate);
     return g_test_run();
 }
