@@ -1100,6 +1100,33 @@ bool extree_refs_next(Extree *t, uint64_t pos, uint64_t end,
     return true;
 }
 
+/*
+ * Checker repair: every block of [start, start + len) has @count
+ * references (at least 1: the blocks are in use)
+ */
+int extree_refs_set(Extree *t, uint64_t start, uint64_t len, uint32_t count)
+{
+    uint64_t end = start + len;
+    ExtreeRefRange *r;
+
+    if (!t->refs || !extree_has_refs(t) || !len || !count ||
+        len > UINT64_MAX - start || extree_alloc_is_free(t, start, len)) {
+        return -EINVAL;
+    }
+    ref_split(t, start);
+    ref_split(t, end);
+    while ((r = ref_ceil(t, start)) && r->start < end) {
+        uint64_t key = r->start;
+        g_tree_remove(t->refs, &key);
+    }
+    if (count >= 2) {
+        ref_insert(t, start, len, count);
+    }
+    ref_merge(t, start, end);
+    ref_log(t, start, len);
+    return 0;
+}
+
 GArray *extree_refs_steal_log(Extree *t)
 {
     GArray *log = t->reflog;

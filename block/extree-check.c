@@ -40,6 +40,12 @@ typedef struct Claim {
     int kind;
 } Claim;
 
+/* A host range and a reference count */
+typedef struct Seg {
+    uint64_t start, end;
+    uint32_t count;
+} Seg;
+
 typedef struct CheckCtx {
     Extree *t;
     ExtreeCheckResult *res;
@@ -58,6 +64,12 @@ typedef struct CheckCtx {
     uint64_t extent_bad, free_bad;
     /* the superblock's extent_count is wrong, the extent tree sound */
     bool count_bad;
+    /*
+     * reference counts recorded lower than found (corruption), and every
+     * mismatch with the count found (Seg, check_counts())
+     */
+    uint64_t refs_bad;
+    GArray *ref_fixes;
 } CheckCtx;
 
 /* One corruption, found in the extent tree (@free false) or the free tree */
@@ -259,11 +271,6 @@ static void check_snapshots(CheckCtx *c)
     }
 }
 
-typedef struct Seg {
-    uint64_t start, end;
-    uint32_t count;
-} Seg;
-
 static gint seg_cmp(gconstpointer a, gconstpointer b)
 {
     const Seg *x = a, *y = b;
@@ -371,8 +378,13 @@ static void check_counts(CheckCtx *c)
         if (want == have) {
             continue;
         }
+        {
+            Seg fix = { a, b, want };
+            g_array_append_val(c->ref_fixes, fix);
+        }
         if (have < want) {
-            count(c, false);
+            c->res->corruptions++;
+            c->refs_bad++;
             say(c, "corrupt reference count tree: host range at offset 0x%"
                 PRIx64 " length 0x%" PRIx64 " has %u references recorded, %u"
                 " found", a, b - a, have, want);
@@ -504,13 +516,37 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
     int ret = 0;
 
     if (t->read_only || t->broken || c->extent_bad ||
-        ((free_bad || c->count_bad) && !(fix & EXTREE_FIX_ERRORS))) {
+        ((free_bad || c->count_bad || c->refs_bad) &&
+         !(fix & EXTREE_FIX_ERRORS))) {
         if (leaks->len && (fix & EXTREE_FIX_LEAKS)) {
             say(c, "leaks not repaired: %s", t->read_only ? "read-only" :
                 t->broken ? "the image handle failed earlier" :
                 "the image has corruptions");
         }
         return 0;
+    }
+    if (c->ref_fixes->len && t->alloc_loaded && (fix & EXTREE_FIX_LEAKS)) {
+        /*
+         * The counts the walk found become the recorded ones: references
+         * leaked with "-r leaks", missing ones (corruption) with "-r all"
+         */
+        uint64_t over = 0;
+
+        for (guint i = 0; i < c->ref_fixes->len && ret == 0; i++) {
+            const Seg *sg = &g_array_index(c->ref_fixes, Seg, i);
+            ret = extree_refs_set(t, sg->start, sg->end - sg->start,
+                                  sg->count);
+        }
+        if (ret < 0) {
+            say(c, "repairing reference counts failed: %s",
+                g_strerror(-ret));
+            return ret;
+        }
+        over = c->ref_fixes->len - c->refs_bad;
+        say(c, "reference counts of %u host ranges set to those found",
+            c->ref_fixes->len);
+        res->repaired_leaks += over;
+        fixed += c->refs_bad;
     }
     if (c->count_bad) {
         /* "-r all": the walk counted the extent tree's items */
@@ -552,8 +588,10 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
     if (ret == 0 && extree_is_dirty(t)) {
         ret = extree_commit(t);
     }
-    if (ret == 0 && fixed) {
+    if (ret == 0 && c->count_bad) {
         say(c, "extent_count set to %" PRIu64, res->extents);
+    }
+    if (ret == 0) {
         res->repaired_corruptions += fixed;
     }
     return ret;
@@ -596,6 +634,7 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
         c.bufs[l] = g_malloc(t->node_size);
     }
     c.refs_found = g_array_new(false, false, sizeof(ExtreeItem));
+    c.ref_fixes = g_array_new(false, false, sizeof(Seg));
     for (uint32_t owner = EXTREE_TREE_EXTENT; owner < EXT_NTREES; owner++) {
         ExtreeTree *tree = &t->trees[owner];
         ExtreeNodeExpect e;
@@ -668,6 +707,7 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
     }
     g_hash_table_destroy(c.visited);
     g_array_free(c.refs_found, true);
+    g_array_free(c.ref_fixes, true);
     g_array_free(c.claims, true);
     g_array_free(leaks, true);
     return ret;

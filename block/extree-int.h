@@ -646,6 +646,7 @@ uint32_t extree_refs_max(Extree *t, uint64_t start, uint64_t len);
 bool extree_refs_next(Extree *t, uint64_t pos, uint64_t end,
                       ExtreeRefRange *out);
 GArray *extree_refs_steal_log(Extree *t);
+int extree_refs_set(Extree *t, uint64_t start, uint64_t len, uint32_t count);
 
 /* extree-reftree.c: the reference count tree on disk */
 int extree_reftree_load(Extree *t);

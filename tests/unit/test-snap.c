@@ -480,6 +480,76 @@ static void test_vmstate(void)
     g_free(back);
 }
 
+/* Check the image of @be, repairing with @fix; returns the result */
+static ExtreeCheckResult check_fix(ExtreeBackend *be, unsigned fix,
+                                  const char *want_msg)
+{
+    ExtreeOpenOptions o = { .repair = true, .check = true };
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeCheckResult res;
+    Extree *t;
+    char *err = NULL;
+
+    g_assert_cmpint(extree_open(be, &o, &t, &err), ==, 0);
+    g_assert_cmpint(extree_check_fix(t, fix, &res, ct_report, &r), ==, 0);
+    if (want_msg && !ct_has_msg(&r, want_msg)) {
+        g_error("check did not say '%s'", want_msg);
+    }
+    g_ptr_array_free(r.msgs, true);
+    extree_close(t);
+    return res;
+}
+
+/*
+ * Counts recorded too high leak references (-r leaks repairs them); too
+ * low is corruption (a block in use could be freed; -r all repairs it)
+ */
+static void test_check_counts(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeSnapshotInfo info = { .icount = UINT64_MAX };
+    ExtreeCheckResult res;
+    ExtreeRun run;
+    int n;
+
+    for (uint64_t b = 0; b < NBLOCKS; b += 2) {
+        ct_write(t, b * BS, BS);
+    }
+    g_assert_cmpint(extree_snapshot_create(t, &info), ==, 0);
+    ct_write(t, 0, BS);         /* copies a path: DATA counts of 2 */
+    g_assert_cmpint(extree_lookup(t, 2 * BS, BS, &run, 1, &n), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
+    g_assert_cmpuint(extree_refs_max(t, run.host, BS), ==, 2);
+
+    /* one too many */
+    g_assert_cmpint(extree_refs_set(t, run.host, BS, 3), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    res = check_fix(be, 0, "leaked references");
+    g_assert_cmpuint(res.leaks, ==, 1);
+    g_assert_cmpuint(res.corruptions, ==, 0);
+    res = check_fix(be, EXTREE_FIX_LEAKS, "leaked references");
+    g_assert_cmpuint(res.repaired_leaks, ==, 1);
+    res = check_fix(be, 0, NULL);
+    g_assert_cmpuint(res.leaks + res.corruptions, ==, 0);
+
+    /* one too few */
+    t = ct_open(be);
+    g_assert_cmpint(extree_refs_set(t, run.host, BS, 1), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    res = check_fix(be, EXTREE_FIX_LEAKS, "corrupt reference count tree");
+    g_assert_cmpuint(res.corruptions, ==, 1);
+    g_assert_cmpuint(res.repaired_corruptions, ==, 0);
+    res = check_fix(be, EXTREE_FIX_LEAKS | EXTREE_FIX_ERRORS,
+                    "corrupt reference count tree");
+    g_assert_cmpuint(res.repaired_corruptions, ==, 1);
+    res = check_fix(be, 0, NULL);
+    g_assert_cmpuint(res.leaks + res.corruptions, ==, 0);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -487,5 +557,6 @@ int main(int argc, char **argv)
     g_test_add_func("/snap/random", test_random);
     g_test_add_func("/snap/crash", test_crash);
     g_test_add_func("/snap/vmstate", test_vmstate);
+    g_test_add_func("/snap/check-counts", test_check_counts);
     return g_test_run();
 }
