@@ -290,6 +290,50 @@ static void seed_three_levels(const char *dir)
     gen_finish(&g, dir, "three-levels-512.img", 3);
 }
 
+/*
+ * Snapshots: two levels shared by two snapshots, partly copied by later
+ * writes (reference count tree items, shared nodes and DATA), VM state
+ * kept by one snapshot, one snapshot deleted
+ */
+static void seed_snapshots(const char *dir)
+{
+    ExtreeSnapshotInfo info = { .icount = UINT64_MAX };
+    uint8_t state[3000];
+    Gen g;
+
+    gen_start(&g, 4 << 20, 512, 4096, NULL, 6);
+    for (int i = 0; i < 300; i++) {
+        if (i % 3 == 0) {
+            gen_write(&g, i * 3, 1 + i % 2);
+        } else {
+            gen_zero(&g, i * 3, 1);
+        }
+    }
+    gen_commit(&g);
+    memset(state, 0x5a, sizeof(state));
+    must(extree_vmstate_write(g.t, 0, state, sizeof(state)), "vmstate");
+    info.vm_state_size = sizeof(state);
+    g_strlcpy(info.name, "first", sizeof(info.name));
+    must(extree_snapshot_create(g.t, &info), "snapshot create");
+    for (int i = 0; i < 40; i++) {
+        gen_write(&g, i * 21, 1);
+    }
+    gen_commit(&g);
+    memset(&info, 0, sizeof(info));
+    info.icount = UINT64_MAX;
+    g_strlcpy(info.name, "second", sizeof(info.name));
+    must(extree_snapshot_create(g.t, &info), "snapshot create");
+    gen_punch(&g, 600, 100);
+    gen_write(&g, 3, 2);
+    gen_commit(&g);
+    g_strlcpy(info.id, "", sizeof(info.id));
+    g_strlcpy(info.name, "third", sizeof(info.name));
+    must(extree_snapshot_create(g.t, &info), "snapshot create");
+    must(extree_snapshot_delete(g.t, 1), "snapshot delete");
+    gen_write(&g, 50, 1);
+    gen_finish(&g, dir, "snapshots-512.img", 2);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -302,5 +346,6 @@ int main(int argc, char **argv)
     seed_two_levels(argv[1]);
     seed_free_tree(argv[1]);
     seed_three_levels(argv[1]);
+    seed_snapshots(argv[1]);
     return 0;
 }
