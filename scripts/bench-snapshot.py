@@ -1,0 +1,184 @@
+#!/usr/bin/python3
+"""Internal snapshots: whole-command times of qemu-img snapshot -c, -a and
+-d, extree against qcow2 with 64 KiB and 4 KiB clusters (issue 21, point 5).
+Python 3 stdlib only.
+
+Layouts: S1 and S2 of scripts/bench-images.py (16 GiB with 4 KiB of data
+every 128 KiB, 64 GiB with 4 KiB every 64 KiB: 131,072 and 1,048,576 data
+runs at full scale).  The data is written once into a sparse raw file (in
+guest order, directly: the raw file is only the source) and every format's
+image is made from it with qemu-img convert, so all hold the same runs.
+
+Measures, each a whole qemu-img command (open, work, close), the formats
+alternating within each of --runs rounds, medians printed and written as
+CSV under --results:
+
+  create    qemu-img snapshot -c on the image as built (then deleted again,
+            untimed)
+  revert    qemu-img snapshot -a to a snapshot taken of the same state
+  delete    qemu-img snapshot -d of a snapshot whose data was overwritten
+            afterwards (qemu-img convert -n of a second raw file with other
+            bytes at the same runs: every data block rewritten), so the
+            delete must free almost all of the snapshot's data
+  space     host bytes of the image before the snapshot was taken and after
+            that delete (the overwritten copy is what is left)
+
+    scripts/bench-snapshot.py [--scale full|quick|1/N] [--runs N]
+        [--scenarios S1,S2] [--formats extree,qcow2-64k,qcow2-4k]
+        [--dir DIR] [--results DIR] [--keep]
+"""
+
+import argparse
+import csv
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QIMG = os.path.join(TOP, "build", "qemu", "qemu-img")
+_spec = importlib.util.spec_from_file_location(
+    "bench_images", os.path.join(TOP, "scripts", "bench-images.py"))
+images = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(images)
+
+FORMATS = {"extree": ("extree", []),
+           "qcow2-64k": ("qcow2", ["-o", "cluster_size=65536"]),
+           "qcow2-4k": ("qcow2", ["-o", "cluster_size=4096"])}
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def timed(argv):
+    """Wall seconds of one command; raises on failure."""
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: exit {r.returncode}: "
+                           f"{(r.stdout + r.stderr).strip()[-400:]}")
+    return dt
+
+
+def check(argv):
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+def write_raw(path, lay, byte):
+    """The layout's data into a sparse raw file, @byte repeated"""
+    with open(path, "wb") as f:
+        f.truncate(lay.vsize)
+        block = bytes([byte]) * (64 * 1024)
+        for off, n in sorted(lay.writes):
+            f.seek(off)
+            while n:
+                k = min(n, len(block))
+                f.write(block[:k])
+                n -= k
+
+
+def host_bytes(path):
+    return os.stat(path).st_blocks * 512
+
+
+def qcheck(fmt, img):
+    r = subprocess.run([QIMG, "check", "-f", FORMATS[fmt][0], img],
+                       capture_output=True, text=True)
+    return "ok" if r.returncode == 0 else \
+        f"exit {r.returncode}: {(r.stdout + r.stderr).strip()[-200:]}"
+
+
+def snap(fmt, img, op, name):
+    return timed([QIMG, "snapshot", "-f", FORMATS[fmt][0], op, name, img])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scale", default="full")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--scenarios", default="S1,S2")
+    ap.add_argument("--formats", default="extree,qcow2-64k,qcow2-4k")
+    ap.add_argument("--dir", default=os.path.join(TOP, "build", "bench-snap"))
+    ap.add_argument("--results", default=None)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    div = images.parse_scale(args.scale)
+    fmts = args.formats.split(",")
+    os.makedirs(args.dir, exist_ok=True)
+    resdir = args.results or os.path.join(args.dir, "results")
+    os.makedirs(resdir, exist_ok=True)
+    rows = []
+
+    for sc in args.scenarios.split(","):
+        lay = images.layout(sc, div)
+        log(f"{sc}: {lay.desc}")
+        raw = os.path.join(args.dir, f"{sc}.raw")
+        raw2 = os.path.join(args.dir, f"{sc}-2.raw")
+        write_raw(raw, lay, 0x5a)
+        write_raw(raw2, lay, 0xa5)
+        imgs = {}
+        for fmt in fmts:
+            img = os.path.join(args.dir, f"{sc}.{fmt}")
+            fm, opts = FORMATS[fmt]
+            t = timed([QIMG, "convert", "-f", "raw", "-O", fm] + opts +
+                      [raw, img])
+            imgs[fmt] = img
+            log(f"{sc} {fmt}: converted in {t:.1f} s, "
+                f"{host_bytes(img) / 2**20:.0f} MiB")
+        times = {(fmt, m): [] for fmt in fmts
+                 for m in ("create", "revert", "delete")}
+        space = {}
+        for rep in range(args.runs):
+            for fmt in fmts:
+                img = imgs[fmt]
+                # create (the image as built, no snapshot), then revert
+                times[(fmt, "create")].append(snap(fmt, img, "-c", "s"))
+                times[(fmt, "revert")].append(snap(fmt, img, "-a", "s"))
+                snap(fmt, img, "-d", "s")
+        for fmt in fmts:
+            # delete of a mostly overwritten snapshot: once per run would
+            # rewrite the whole image each time; --runs rounds of it
+            img = imgs[fmt]
+            for rep in range(args.runs):
+                before = host_bytes(img)
+                snap(fmt, img, "-c", "old")
+                check([QIMG, "convert", "-n", "-f", "raw", "-O",
+                       FORMATS[fmt][0], raw2 if rep % 2 == 0 else raw, img])
+                during = host_bytes(img)
+                times[(fmt, "delete")].append(snap(fmt, img, "-d", "old"))
+                after = host_bytes(img)
+                space.setdefault(fmt, []).append((before, during, after))
+            log(f"{sc} {fmt}: check {qcheck(fmt, img)}")
+        for fmt in fmts:
+            for m in ("create", "revert", "delete"):
+                v = times[(fmt, m)]
+                rows.append({"scenario": sc, "format": fmt, "measure": m,
+                             "n": len(v), "median_s": f"{statistics.median(v):.4f}",
+                             "min_s": f"{min(v):.4f}", "max_s": f"{max(v):.4f}",
+                             "note": ""})
+                log(f"{sc} {fmt} {m}: median {statistics.median(v):.3f} s "
+                    f"(min {min(v):.3f}, max {max(v):.3f}, n {len(v)})")
+            b, d, a = space[fmt][-1]
+            rows.append({"scenario": sc, "format": fmt, "measure": "space",
+                         "n": 1, "median_s": "", "min_s": "", "max_s": "",
+                         "note": f"host bytes before create {b}, with the "
+                                 f"overwritten snapshot {d}, after delete "
+                                 f"{a} ({100.0 * (a - b) / b:+.2f}%)"})
+            log(f"{sc} {fmt} space: {rows[-1]['note']}")
+        if not args.keep:
+            for p in [raw, raw2] + list(imgs.values()):
+                os.unlink(p)
+    out = os.path.join(resdir, f"snapshot-{images.scale_name(div)}.csv")
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    log(f"results: {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
