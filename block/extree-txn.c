@@ -851,6 +851,35 @@ static int read_supers(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
     return ret;
 }
 
+/*
+ * Every root (live and snapshots) holds a reference to its root node: a
+ * count below the number of roots naming a node would let a write free a
+ * node another tree still uses.  O(snapshots^2), no I/O.
+ */
+static int check_root_counts(Extree *t)
+{
+    unsigned n = t->snaps->len;
+
+    for (unsigned i = 0; i <= n; i++) {
+        uint64_t root = i < n ? g_array_index(t->snaps, ExtreeSnap, i).root
+                              : t->trees[EXTREE_TREE_EXTENT].root;
+        uint32_t want = 0, have = 0;
+
+        for (unsigned k = 0; k <= n; k++) {
+            want += (k < n ? g_array_index(t->snaps, ExtreeSnap, k).root
+                           : t->trees[EXTREE_TREE_EXTENT].root) == root;
+        }
+        t->sm.ops->ref_count(t->sm.opaque, root, &have);
+        if (have < want) {
+            return extree_corrupt(t, root, "corrupt reference count tree: "
+                                  "extent tree root at offset 0x%" PRIx64
+                                  " has %u references, %u trees name it",
+                                  root, have, want);
+        }
+    }
+    return 0;
+}
+
 int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
                 char **errmsg)
 {
@@ -989,6 +1018,9 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
             if (ret < 0) {
                 /* counts unknown: no updates (the checker may look) */
                 extree_alloc_set_loaded(t, false);
+            } else {
+                /* counts known but wrong: the checker can repair them */
+                ret = check_root_counts(t);
             }
         }
         if (ret < 0 && t->repair) {

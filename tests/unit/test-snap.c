@@ -550,6 +550,44 @@ static void test_check_counts(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * A root node whose count is below the number of trees naming it: a write
+ * would free it under the snapshot.  Read-write open refuses, read-only
+ * open reads, the checker reports and -r all repairs.
+ */
+static void test_root_count(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeSnapshotInfo info = { .icount = UINT64_MAX };
+    ExtreeOpenOptions rw = { 0 };
+    ExtreeCheckResult res;
+    char *err = NULL;
+    uint64_t root;
+
+    ct_write(t, 0, 4 * BS);
+    g_assert_cmpint(extree_snapshot_create(t, &info), ==, 0);
+    root = t->trees[EXTREE_TREE_EXTENT].root;
+    g_assert_cmpuint(extree_refs_max(t, root, NS), ==, 2);
+    g_assert_cmpint(extree_refs_set(t, root, NS, 1), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+
+    g_assert_cmpint(extree_open(be, &rw, &t, &err), ==, -EIO);
+    g_assert_nonnull(strstr(err, "has 1 references, 2 trees name it"));
+    g_free(err);
+    t = ct_open_opts(be, true, 0, 0);
+    extree_close(t);
+    res = check_fix(be, EXTREE_FIX_LEAKS | EXTREE_FIX_ERRORS,
+                    "corrupt reference count tree");
+    g_assert_cmpuint(res.repaired_corruptions, ==, res.corruptions);
+    res = check_fix(be, 0, NULL);
+    g_assert_cmpuint(res.leaks + res.corruptions, ==, 0);
+    t = ct_open(be);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -558,5 +596,6 @@ int main(int argc, char **argv)
     g_test_add_func("/snap/crash", test_crash);
     g_test_add_func("/snap/vmstate", test_vmstate);
     g_test_add_func("/snap/check-counts", test_check_counts);
+    g_test_add_func("/snap/root-count", test_root_count);
     return g_test_run();
 }
