@@ -258,6 +258,29 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s)
 }
 
 /*
+ * Close the gate for an operation that replaces or drops whole trees
+ * (snapshots): as for a commit, new lookups are held back and the call
+ * waits until no request holds host ranges it looked up.  Called with
+ * s->lock held; may drop and retake it.  xt_gate_open() ends it.
+ */
+void coroutine_fn xt_gate_close(BDRVExtreeState *s)
+{
+    s->commit_waiting++;
+    while (s->io_inflight > 0) {
+        xt_queue_wait(s, &s->commit_queue);
+    }
+}
+
+/* Called with s->lock held */
+void coroutine_fn xt_gate_open(BDRVExtreeState *s)
+{
+    assert(s->commit_waiting > 0);
+    if (--s->commit_waiting == 0) {
+        qemu_co_queue_restart_all(&s->io_queue);
+    }
+}
+
+/*
  * After a request changed the tree: commit if too much metadata is dirty,
  * else make sure the commit timer runs.  Called with s->lock held, after
  * the request's own xt_io_end().
@@ -411,6 +434,18 @@ extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
 
         xt_io_begin(s);
         while (nr < EXTREE_READ_BATCH && left > 0) {
+            if (pos >= extree_virtual_size(s->t)) {
+                /*
+                 * Only after load_tmp of a smaller snapshot: the node keeps
+                 * its size (as qcow2's does), the rest is unallocated
+                 */
+                runs[nr++] = (ExtreeRun) {
+                    .guest = pos, .length = left, .type = EXTREE_RUN_UNALLOC,
+                };
+                pos += left;
+                left = 0;
+                break;
+            }
             ret = xt_query(s, &cur, pos, left, EXTREE_COALESCE_HOST,
                            &runs[nr]);
             if (ret < 0) {
@@ -460,29 +495,110 @@ extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
 /* ---- Writes ---- */
 
 /*
- * Fill @buf (@bytes) with what guest [@guest, @guest + @bytes) reads as now,
- * for a run of @type that is not DATA; bytes past @vsize read as zeroes.
- * Called without s->lock.
+ * Fill @buf (@bytes) with what guest [@guest, @guest + @bytes) reads as now;
+ * it lies in a block of @run (possibly before @run->guest or past its end,
+ * within the same block).  DATA (shared with a snapshot, so not written in
+ * place): the old bytes in bs->file.  UNALLOC: the backing file, or zeroes.
+ * ZERO: zeroes.  Bytes past @vsize read as zeroes.  Called without s->lock.
  */
 static int coroutine_fn GRAPH_RDLOCK
-xt_read_old(BDRVExtreeState *s, ExtreeRunType type, uint64_t guest,
+xt_read_old(BDRVExtreeState *s, const ExtreeRun *run, uint64_t guest,
             uint64_t bytes, uint64_t vsize, uint8_t *buf)
 {
     memset(buf, 0, bytes);
-    if (type == EXTREE_RUN_UNALLOC && s->bs->backing && guest < vsize) {
-        return bdrv_co_pread(s->bs->backing, guest, MIN(bytes, vsize - guest),
-                             buf, 0);
+    if (guest >= vsize) {
+        return 0;
+    }
+    bytes = MIN(bytes, vsize - guest);
+    if (run->type == EXTREE_RUN_DATA) {
+        /* extents are whole blocks: the block is host-contiguous */
+        return bdrv_co_pread(s->bs->file, run->host + guest - run->guest,
+                             bytes, buf, 0);
+    }
+    if (run->type == EXTREE_RUN_UNALLOC && s->bs->backing) {
+        return bdrv_co_pread(s->bs->backing, guest, bytes, buf, 0);
     }
     return 0;
 }
 
 /*
+ * Does a snapshot share a block of guest [@guest, @guest + @bytes), which
+ * lies in blocks of DATA run @run?  Called with s->lock held.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_shared(BDRVExtreeState *s, const ExtreeRun *run, uint64_t guest,
+          uint64_t bytes, bool *shared)
+{
+    return extree_data_shared(s->t, guest, bytes,
+                              run->host + guest - run->guest, shared);
+}
+
+/*
+ * How guest [@offset, @offset + *@n) of DATA run @run is written: in place
+ * (*@in_place), or by the allocating path when a snapshot shares it (spec:
+ * Sharing, 3).  Shortens *@n so that blocks written in place are unshared,
+ * and so that the partial first and last block of an allocating write are
+ * shared: its read-modify-write of such a block must not race with a write
+ * in place to the rest of it (shared blocks are never written in place).
+ * Whole unshared blocks inside an allocating write move to new space with
+ * the rest (a write in place into them overlaps this one).
+ * O(log n) lookups.  Called with s->lock held.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_write_mode(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
+              uint64_t *n, bool *in_place)
+{
+    uint64_t bsz = s->block_size;
+    uint64_t start = QEMU_ALIGN_DOWN(offset, bsz);
+    uint64_t end = ROUND_UP(offset + *n, bsz);
+    uint64_t len;
+    bool shared;
+    int ret;
+
+    *in_place = true;
+    ret = xt_shared(s, run, start, end - start, &shared);
+    if (ret < 0 || !shared) {
+        return ret;
+    }
+    ret = xt_shared(s, run, start, bsz, &shared);
+    if (ret < 0) {
+        return ret;
+    }
+    if (!shared) {
+        /* the unshared head, found by doubling (the whole is shared) */
+        len = bsz;
+        while (len * 2 < end - start) {
+            ret = xt_shared(s, run, start, len * 2, &shared);
+            if (ret < 0) {
+                return ret;
+            }
+            if (shared) {
+                break;
+            }
+            len *= 2;
+        }
+        *n = start + len - offset;
+        return 0;
+    }
+    *in_place = false;
+    if (end - start > bsz && (offset + *n) % bsz) {
+        ret = xt_shared(s, run, end - bsz, bsz, &shared);
+        if (ret == 0 && !shared) {
+            /* the partial last block is written in place, next round */
+            *n = end - bsz - offset;
+        }
+    }
+    return ret;
+}
+
+/*
  * The allocating part of a write: guest [@offset, @offset + @n) lies in
- * @run, which is UNALLOC or ZERO.  Allocates host space for the blocks it
- * touches, writes the guest data there together with the rest of its first
- * and last block (read-modify-write: backing file or zeroes), then maps the
- * blocks.  *@done is the part of the request written (the allocation may
- * have been shorter).
+ * @run, which is UNALLOC or ZERO, or DATA that a snapshot shares.
+ * Allocates host space for the blocks it touches, writes the guest data
+ * there together with the rest of its first and last block (read-modify-
+ * write: the shared DATA, the backing file or zeroes), then maps the
+ * blocks (the old mapping loses its reference).  *@done is the part of
+ * the request written (the allocation may have been shorter).
  *
  * Called with s->lock held and the request counted (xt_io_begin());
  * returns with s->lock held and the count dropped.  -EAGAIN: it waited for
@@ -532,7 +648,7 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     qemu_iovec_init(&hd_qiov, qiov->niov + 2);
     if (head) {
         head_buf = qemu_blockalign(bs, head);
-        ret = xt_read_old(s, run->type, start, head, vsize, head_buf);
+        ret = xt_read_old(s, run, start, head, vsize, head_buf);
         qemu_iovec_add(&hd_qiov, head_buf, head);
     }
     if (ret == 0) {
@@ -540,8 +656,7 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     }
     if (ret == 0 && tail) {
         tail_buf = qemu_blockalign(bs, tail);
-        ret = xt_read_old(s, run->type, offset + wlen, tail, vsize,
-                          tail_buf);
+        ret = xt_read_old(s, run, offset + wlen, tail, vsize, tail_buf);
         qemu_iovec_add(&hd_qiov, tail_buf, tail);
     }
     if (ret == 0) {
@@ -574,7 +689,7 @@ xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
            QEMUIOVector *qiov, size_t qiov_offset, bool nested)
 {
     BDRVExtreeState *s = bs->opaque;
-    bool committed = false;
+    bool committed = false, in_place;
     ExtreeCursor cur;
     int ret = 0;
 
@@ -596,7 +711,15 @@ xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
             break;
         }
         n = run.length;
+        in_place = false;
         if (run.type == EXTREE_RUN_DATA) {
+            ret = xt_write_mode(s, &run, offset, &n, &in_place);
+            if (ret < 0) {
+                xt_io_end(s);
+                break;
+            }
+        }
+        if (in_place) {
             /* Data in place: no metadata change */
             qemu_co_mutex_unlock(&s->lock);
             trace_extree_write_in_place(s, offset, n, run.host);
@@ -730,8 +853,9 @@ extree_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes)
  * Zero part of one block: guest [offset, offset + bytes) within a single
  * block, not the whole of it.  DATA: zero in place in the host file.
  * ZERO: nothing to do.  Unallocated without a backing file: the block
- * reads as zeroes, make it a ZERO extent.  Unallocated with one: write a
- * buffer of zeroes (read-modify-write of the block), unless the caller
+ * reads as zeroes, make it a ZERO extent.  Unallocated with one, or DATA a
+ * snapshot shares (never written in place): write a buffer of zeroes
+ * (read-modify-write of the block into new space), unless the caller
  * forbids that fallback.
  */
 static int coroutine_fn GRAPH_RDLOCK
@@ -741,8 +865,11 @@ xt_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
     BlockDriverState *bs = s->bs;
     uint64_t bsz = s->block_size;
     uint64_t bstart = QEMU_ALIGN_DOWN(offset, bsz);
+    bool shared = false;
+    QEMUIOVector qiov;
     ExtreeCursor cur;
     ExtreeRun run;
+    void *buf;
     int ret;
 
     ret = xt_enter(s);
@@ -768,8 +895,25 @@ xt_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
         goto out;
     }
 
+    if (run.type == EXTREE_RUN_DATA) {
+        ret = xt_shared(s, &run, bstart, bsz, &shared);
+        if (ret < 0) {
+            xt_io_end(s);
+            goto out;
+        }
+    }
+
     switch (run.type) {
     case EXTREE_RUN_DATA:
+        if (shared) {
+            /* A snapshot shares the block: a buffer of zeroes to new space */
+            xt_io_end(s);
+            if (flags & BDRV_REQ_NO_FALLBACK) {
+                ret = -ENOTSUP;
+                break;
+            }
+            goto write_buffer;
+        }
         qemu_co_mutex_unlock(&s->lock);
         ret = bdrv_co_pwrite_zeroes(bs->file, run.host, bytes,
                                     flags & BDRV_REQ_NO_FALLBACK);
@@ -788,27 +932,29 @@ xt_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
         } else if (flags & BDRV_REQ_NO_FALLBACK) {
             ret = -ENOTSUP;
         } else {
-            QEMUIOVector qiov;
-            void *buf = qemu_blockalign0(bs, bytes);
-
-            xt_leave(s);
-            qemu_iovec_init_buf(&qiov, buf, bytes);
-            ret = xt_pwritev(bs, offset, bytes, &qiov, 0, false);
-            qemu_vfree(buf);
-            return ret;
+            goto write_buffer;
         }
         break;
     }
 out:
     xt_leave(s);
     return ret;
+
+write_buffer:
+    xt_leave(s);
+    buf = qemu_blockalign0(bs, bytes);
+    qemu_iovec_init_buf(&qiov, buf, bytes);
+    ret = xt_pwritev(bs, offset, bytes, &qiov, 0, false);
+    qemu_vfree(buf);
+    return ret;
 }
 
 /*
  * Zero whole blocks [start, end) (end may be the rounded-up end of the
  * disk).  With BDRV_REQ_MAY_UNMAP: one ZERO extent, DATA space freed.
- * Without: DATA keeps its space and is zeroed in place; the rest becomes
- * ZERO extents.
+ * Without: DATA keeps its space and is zeroed in place, except DATA a
+ * snapshot shares, which becomes a ZERO extent (never written in place);
+ * the rest becomes ZERO extents.
  */
 static int coroutine_fn GRAPH_RDLOCK
 xt_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
@@ -817,6 +963,7 @@ xt_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
     BlockDriverState *bs = s->bs;
     uint64_t bsz = s->block_size;
     ExtreeCursor cur;
+    bool shared;
     int ret;
 
     ret = xt_enter(s);
@@ -843,7 +990,21 @@ xt_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
             xt_io_end(s);
             break;
         }
+        shared = false;
         if (run.type == EXTREE_RUN_DATA) {
+            ret = xt_shared(s, &run, start, ROUND_UP(run.length, bsz),
+                            &shared);
+            if (ret < 0) {
+                xt_io_end(s);
+                break;
+            }
+        }
+        if (run.type == EXTREE_RUN_DATA && shared) {
+            /* A snapshot shares it: not in place, a ZERO extent instead */
+            xt_io_end(s);
+            ret = xt_update_range(s, start, ROUND_UP(start + run.length, bsz),
+                                  EXTREE_OP_ZERO);
+        } else if (run.type == EXTREE_RUN_DATA) {
             qemu_co_mutex_unlock(&s->lock);
             ret = bdrv_co_pwrite_zeroes(bs->file, run.host,
                                         ROUND_UP(run.length, bsz),
@@ -1026,15 +1187,23 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
             uint64_t len = MIN((uint64_t)offset, ROUND_UP(old, bsz)) - old;
             ExtreeCursor cur;
             ExtreeRun run;
+            bool shared;
 
             extree_cursor_init(&cur, s->t);
             ret = extree_cursor_query(&cur, old, len, EXTREE_COALESCE_HOST,
                                       &run);
             extree_cursor_release(&cur);
+            shared = false;
             if (ret == 0 && run.type == EXTREE_RUN_DATA) {
+                ret = xt_shared(s, &run, QEMU_ALIGN_DOWN(old, bsz), bsz,
+                                &shared);
+            }
+            if (ret == 0 && run.type == EXTREE_RUN_DATA && !shared) {
                 ret = bdrv_co_pwrite_zeroes(bs->file, run.host, len, 0);
-            } else if (ret == 0 && run.type == EXTREE_RUN_UNALLOC &&
-                       (flags & BDRV_REQ_ZERO_WRITE)) {
+            } else if (ret == 0 && (shared ||
+                                    (run.type == EXTREE_RUN_UNALLOC &&
+                                     (flags & BDRV_REQ_ZERO_WRITE)))) {
+                /* shared with a snapshot: zeroes to new space */
                 QEMUIOVector qiov;
                 void *buf = qemu_blockalign0(bs, len);
 
@@ -1135,6 +1304,12 @@ extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
     ret = xt_enter(s);
     if (ret < 0) {
         return ret;
+    }
+    if (offset >= extree_virtual_size(s->t)) {
+        /* Past a smaller snapshot loaded by load_tmp: unallocated */
+        xt_leave(s);
+        *pnum = bytes;
+        return 0;
     }
     ret = xt_query(s, &s->status_cursor, offset, bytes,
                    want_zero ? EXTREE_COALESCE_HOST : EXTREE_COALESCE_ALLOC,

@@ -120,8 +120,10 @@ typedef struct BDRVExtreeState {
     ExtreeCursor status_cursor;         /* Protected by lock */
 
     /*
-     * Virtual size of @t, for bdrv_co_getlength(), which takes no lock.
-     * Written with lock held, read with qatomic_read().
+     * Virtual size of @t, for bdrv_co_getlength(), which takes no lock;
+     * after a snapshot's load_tmp, the size the node had before (reads
+     * past the end of a smaller snapshot see it unallocated).  Written
+     * with lock held, read with qatomic_read().
      */
     uint64_t virtual_size;
 
@@ -217,6 +219,14 @@ void xt_corrupt_cb(void *opaque, uint64_t offset, const char *msg);
 int coroutine_mixed_fn GRAPH_RDLOCK xt_commit_now(BDRVExtreeState *s);
 /* Commit through the gate.  Called with s->lock held; may drop it */
 int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s);
+/*
+ * Hold new data lookups back and wait until no request holds host ranges
+ * it looked up (as a commit does), for snapshot operations, which replace
+ * or drop whole trees; xt_gate_open() lets them go again.  Called with
+ * s->lock held; xt_gate_close() may drop it.
+ */
+void coroutine_fn xt_gate_close(BDRVExtreeState *s);
+void coroutine_fn xt_gate_open(BDRVExtreeState *s);
 /* .bdrv_make_empty.  Called with s->lock held; may drop it */
 int coroutine_fn GRAPH_RDLOCK xt_make_empty_locked(BDRVExtreeState *s);
 

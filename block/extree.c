@@ -440,10 +440,14 @@ static void GRAPH_UNLOCKED extree_close_bs(BlockDriverState *bs)
  * that requests and the commit timer may be running.
  */
 typedef int coroutine_fn GRAPH_RDLOCK ExtreeLockedFn(BDRVExtreeState *s);
+typedef int coroutine_fn GRAPH_RDLOCK ExtreeLockedOpFn(BDRVExtreeState *s,
+                                                       void *opaque);
 
 typedef struct ExtreeCallCo {
     BlockDriverState *bs;
     ExtreeLockedFn *fn;
+    ExtreeLockedOpFn *op_fn;            /* instead of @fn, with @opaque */
+    void *opaque;
     int ret;
 } ExtreeCallCo;
 
@@ -457,23 +461,38 @@ static void coroutine_fn xt_call_entry(void *opaque)
 
     ret = xt_enter(s);
     if (ret == 0) {
-        ret = c->fn(s);
+        ret = c->fn ? c->fn(s) : c->op_fn(s, c->opaque);
         xt_leave(s);
     }
     c->ret = ret;
     aio_wait_kick();
 }
 
+static int GRAPH_RDLOCK xt_call(ExtreeCallCo *c)
+{
+    assert(!qemu_in_coroutine());
+    c->ret = -EINPROGRESS;
+    aio_co_enter(bdrv_get_aio_context(c->bs),
+                 qemu_coroutine_create(xt_call_entry, c));
+    BDRV_POLL_WHILE(c->bs, c->ret == -EINPROGRESS);
+    return c->ret;
+}
+
 static int GRAPH_RDLOCK xt_call_locked(BlockDriverState *bs,
                                        ExtreeLockedFn *fn)
 {
-    ExtreeCallCo c = { .bs = bs, .fn = fn, .ret = -EINPROGRESS };
+    ExtreeCallCo c = { .bs = bs, .fn = fn };
 
-    assert(!qemu_in_coroutine());
-    aio_co_enter(bdrv_get_aio_context(bs),
-                 qemu_coroutine_create(xt_call_entry, &c));
-    BDRV_POLL_WHILE(bs, c.ret == -EINPROGRESS);
-    return c.ret;
+    return xt_call(&c);
+}
+
+/* xt_call_locked() for a function that takes an argument */
+static int GRAPH_RDLOCK xt_call_locked_op(BlockDriverState *bs,
+                                          ExtreeLockedOpFn *fn, void *opaque)
+{
+    ExtreeCallCo c = { .bs = bs, .op_fn = fn, .opaque = opaque };
+
+    return xt_call(&c);
 }
 
 /* ---- Reopen, inactivate, invalidate ---- */
@@ -816,6 +835,303 @@ extree_co_change_backing_file(BlockDriverState *bs, const char *backing_file,
     pstrcpy(bs->backing_format, sizeof(bs->backing_format),
             backing_fmt ?: "");
     return 0;
+}
+
+/* ---- Internal snapshots ---- */
+
+/*
+ * qemu-img snapshot -c/-a/-d/-l, qemu-img info and convert -l (the core's
+ * snapshots, docs/interop/extree.rst "Snapshots"), modelled on qcow2.  Each
+ * runs in a coroutine with s->lock held, as a request; the core commits
+ * each operation itself.  Those that replace or drop trees (create, goto,
+ * delete, load_tmp) close the commit gate first, so that no request holds
+ * host ranges looked up in a tree that changes under it, and commit what
+ * is pending through the gate.  VM state (savevm/loadvm) is not supported:
+ * the driver has no .bdrv_co_writev_vmstate, and a snapshot with VM state
+ * is refused.
+ */
+
+typedef struct ExtreeSnapArgs {
+    QEMUSnapshotInfo *sn_info;          /* create: in, id_str out */
+    const char *id, *name;              /* goto: @id is an id or a name */
+    QEMUSnapshotInfo **psn_tab;         /* list */
+    Error **errp;
+} ExtreeSnapArgs;
+
+/*
+ * Index of the first snapshot with both @id and @name, or with @id, or
+ * with @name (NULL: not asked), or -ENOENT, as qcow2 looks them up.
+ * Called with s->lock held.
+ */
+static int xt_find_snapshot(BDRVExtreeState *s, const char *id,
+                            const char *name)
+{
+    ExtreeSnapshotInfo info;
+
+    if (!id && !name) {
+        return -ENOENT;
+    }
+    for (unsigned i = 0; i < extree_snapshot_count(s->t); i++) {
+        if (extree_snapshot_get(s->t, i, &info) == 0 &&
+            (!id || !strcmp(info.id, id)) &&
+            (!name || !strcmp(info.name, name))) {
+            return i;
+        }
+    }
+    return -ENOENT;
+}
+
+/*
+ * Begin an operation that replaces or drops trees: close the gate, commit
+ * what is pending, make room for the nodes and the snapshot table of
+ * @table_bytes.  Called with s->lock held; may drop and retake it.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_snapshot_begin(BDRVExtreeState *s, uint64_t table_bytes)
+{
+    int ret;
+
+    xt_gate_close(s);
+    ret = xt_commit_locked(s);
+    if (ret == 0) {
+        xt_grow_before(s, table_bytes);
+    }
+    return ret;
+}
+
+/*
+ * End it: the live tree (or, for load_tmp, the tree reads see) may have
+ * been replaced; the block-status cursor starts afresh.  Called with
+ * s->lock held.
+ */
+static void coroutine_fn xt_snapshot_end(BDRVExtreeState *s)
+{
+    extree_cursor_release(&s->status_cursor);
+    extree_cursor_init(&s->status_cursor, s->t);
+    if (s->commit_timer && !extree_is_dirty(s->t)) {
+        timer_del(s->commit_timer);
+    }
+    xt_gate_open(s);
+}
+
+/* Bytes of the snapshot table with @count entries (spec: Snapshot table) */
+static uint64_t xt_snap_table_bytes(BDRVExtreeState *s, unsigned count)
+{
+    return ROUND_UP(64 + 512 * (uint64_t)count, s->block_size);
+}
+
+static int coroutine_fn GRAPH_RDLOCK
+xt_snapshot_create_locked(BDRVExtreeState *s, void *opaque)
+{
+    ExtreeSnapArgs *a = opaque;
+    QEMUSnapshotInfo *sn_info = a->sn_info;
+    ExtreeSnapshotInfo info = {
+        .date_sec = sn_info->date_sec,
+        .date_nsec = sn_info->date_nsec,
+        .vm_clock_nsec = sn_info->vm_clock_nsec,
+        .vm_state_size = sn_info->vm_state_size,
+        .icount = sn_info->icount,
+    };
+    int ret;
+
+    if (sn_info->vm_state_size) {
+        error_report("extree: Snapshots with VM state are not supported");
+        return -ENOTSUP;
+    }
+    if (strlen(sn_info->id_str) > EXTREE_SNAP_ID_MAX ||
+        strlen(sn_info->name) > EXTREE_SNAP_NAME_MAX) {
+        error_report("extree: Snapshot ids are at most %d bytes long, names "
+                     "at most %d", EXTREE_SNAP_ID_MAX, EXTREE_SNAP_NAME_MAX);
+        return -EINVAL;
+    }
+    if (s->core_read_only || s->inactive) {
+        return -EACCES;
+    }
+    pstrcpy(info.id, sizeof(info.id), sn_info->id_str);
+    pstrcpy(info.name, sizeof(info.name), sn_info->name);
+
+    ret = xt_snapshot_begin(s, xt_snap_table_bytes(s,
+                                extree_snapshot_count(s->t) + 1));
+    if (ret == 0) {
+        ret = extree_snapshot_create(s->t, &info);
+    }
+    trace_extree_snapshot_create(s, info.id, info.name, ret);
+    xt_snapshot_end(s);
+    if (ret == 0) {
+        /* the core chose the id if none was given */
+        pstrcpy(sn_info->id_str, sizeof(sn_info->id_str), info.id);
+    }
+    return ret;
+}
+
+/* Like qcow2: the id is generated when @sn_info->id_str is empty */
+static int GRAPH_RDLOCK
+extree_snapshot_create_bs(BlockDriverState *bs, QEMUSnapshotInfo *sn_info)
+{
+    ExtreeSnapArgs a = { .sn_info = sn_info };
+
+    return xt_call_locked_op(bs, xt_snapshot_create_locked, &a);
+}
+
+static int coroutine_fn GRAPH_RDLOCK
+xt_snapshot_goto_locked(BDRVExtreeState *s, void *opaque)
+{
+    ExtreeSnapArgs *a = opaque;
+    int index, ret;
+
+    index = extree_snapshot_find(s->t, a->id);
+    if (index < 0) {
+        return -ENOENT;
+    }
+    if (s->core_read_only || s->inactive) {
+        return -EACCES;
+    }
+    ret = xt_snapshot_begin(s, 0);
+    if (ret == 0) {
+        ret = extree_snapshot_goto(s->t, index);
+    }
+    trace_extree_snapshot_goto(s, index, extree_virtual_size(s->t), ret);
+    /* the snapshot's size; bs->total_sectors follows in the main loop */
+    qatomic_set(&s->virtual_size, extree_virtual_size(s->t));
+    xt_snapshot_end(s);
+    return ret;
+}
+
+/*
+ * The live image becomes the snapshot (@snapshot_id: an id or a name), its
+ * virtual size too, as qcow2 does; what only the old live state used is
+ * freed.
+ */
+static int GRAPH_UNLOCKED
+extree_snapshot_goto_bs(BlockDriverState *bs, const char *snapshot_id)
+{
+    BDRVExtreeState *s = bs->opaque;
+    ExtreeSnapArgs a = { .id = snapshot_id };
+    int ret;
+
+    bdrv_graph_rdlock_main_loop();
+    ret = xt_call_locked_op(bs, xt_snapshot_goto_locked, &a);
+    bs->total_sectors = qatomic_read(&s->virtual_size) / BDRV_SECTOR_SIZE;
+    bdrv_graph_rdunlock_main_loop();
+    return ret;
+}
+
+static int coroutine_fn GRAPH_RDLOCK
+xt_snapshot_delete_locked(BDRVExtreeState *s, void *opaque)
+{
+    ExtreeSnapArgs *a = opaque;
+    int index, ret;
+
+    index = xt_find_snapshot(s, a->id, a->name);
+    if (index < 0) {
+        error_setg(a->errp, "Can't find the snapshot");
+        return -ENOENT;
+    }
+    if (s->core_read_only || s->inactive) {
+        error_setg(a->errp, "The image is read-only");
+        return -EACCES;
+    }
+    ret = xt_snapshot_begin(s, 0);
+    if (ret < 0) {
+        error_setg_errno(a->errp, -ret, "Could not commit extree metadata");
+    } else {
+        ret = extree_snapshot_delete(s->t, index);
+        if (ret < 0) {
+            error_setg_errno(a->errp, -ret, "Failed to delete the snapshot");
+        }
+    }
+    trace_extree_snapshot_delete(s, index, ret);
+    xt_snapshot_end(s);
+    return ret;
+}
+
+/* By id and name, by id or by name (the other NULL), as qcow2 does */
+static int GRAPH_RDLOCK
+extree_snapshot_delete_bs(BlockDriverState *bs, const char *snapshot_id,
+                          const char *name, Error **errp)
+{
+    ExtreeSnapArgs a = { .id = snapshot_id, .name = name, .errp = errp };
+
+    return xt_call_locked_op(bs, xt_snapshot_delete_locked, &a);
+}
+
+static int coroutine_fn GRAPH_RDLOCK
+xt_snapshot_list_locked(BDRVExtreeState *s, void *opaque)
+{
+    ExtreeSnapArgs *a = opaque;
+    unsigned count = extree_snapshot_count(s->t);
+    QEMUSnapshotInfo *tab;
+
+    *a->psn_tab = NULL;
+    if (!count) {
+        return 0;
+    }
+    tab = g_new0(QEMUSnapshotInfo, count);
+    for (unsigned i = 0; i < count; i++) {
+        ExtreeSnapshotInfo info;
+        QEMUSnapshotInfo *sn = &tab[i];
+
+        extree_snapshot_get(s->t, i, &info);
+        pstrcpy(sn->id_str, sizeof(sn->id_str), info.id);
+        pstrcpy(sn->name, sizeof(sn->name), info.name);
+        sn->vm_state_size = info.vm_state_size;
+        /* QEMUSnapshotInfo's date is 32 bits, as in qcow2's table */
+        sn->date_sec = info.date_sec;
+        sn->date_nsec = info.date_nsec;
+        sn->vm_clock_nsec = info.vm_clock_nsec;
+        sn->icount = info.icount;
+    }
+    *a->psn_tab = tab;
+    return count;
+}
+
+static int GRAPH_RDLOCK
+extree_snapshot_list_bs(BlockDriverState *bs, QEMUSnapshotInfo **psn_tab)
+{
+    ExtreeSnapArgs a = { .psn_tab = psn_tab };
+
+    return xt_call_locked_op(bs, xt_snapshot_list_locked, &a);
+}
+
+static int coroutine_fn GRAPH_RDLOCK
+xt_snapshot_load_tmp_locked(BDRVExtreeState *s, void *opaque)
+{
+    ExtreeSnapArgs *a = opaque;
+    int index, ret;
+
+    index = xt_find_snapshot(s, a->id, a->name);
+    if (index < 0) {
+        error_setg(a->errp, "Can't find snapshot");
+        return -ENOENT;
+    }
+    if (!s->core_read_only) {
+        error_setg(a->errp, "Device is not readonly");
+        return -EINVAL;
+    }
+    xt_gate_close(s);
+    ret = extree_snapshot_load_tmp(s->t, index);
+    if (ret < 0) {
+        error_setg_errno(a->errp, -ret, "Failed to load snapshot");
+    }
+    trace_extree_snapshot_load_tmp(s, index, extree_virtual_size(s->t), ret);
+    xt_snapshot_end(s);
+    return ret;
+}
+
+/*
+ * Read-only node: reads see the snapshot from now on (qemu-img convert -l).
+ * The node keeps its size, as qcow2's does (qemu-img convert has read it
+ * already): past the end of a smaller snapshot it reads as unallocated,
+ * and a larger one is cut at the node's size.
+ */
+static int GRAPH_RDLOCK
+extree_snapshot_load_tmp_bs(BlockDriverState *bs, const char *snapshot_id,
+                            const char *name, Error **errp)
+{
+    ExtreeSnapArgs a = { .id = snapshot_id, .name = name, .errp = errp };
+
+    assert(bdrv_is_read_only(bs));
+    return xt_call_locked_op(bs, xt_snapshot_load_tmp_locked, &a);
 }
 
 /* ---- Create ---- */
@@ -1333,6 +1649,11 @@ static BlockDriver bdrv_extree = {
     .bdrv_measure                   = extree_measure,
     .bdrv_amend_options             = extree_amend_options,
     .bdrv_co_change_backing_file    = extree_co_change_backing_file,
+    .bdrv_snapshot_create           = extree_snapshot_create_bs,
+    .bdrv_snapshot_goto             = extree_snapshot_goto_bs,
+    .bdrv_snapshot_delete           = extree_snapshot_delete_bs,
+    .bdrv_snapshot_list             = extree_snapshot_list_bs,
+    .bdrv_snapshot_load_tmp         = extree_snapshot_load_tmp_bs,
     .bdrv_refresh_limits            = extree_refresh_limits,
 
     .bdrv_detach_aio_context        = extree_detach_aio_context,
