@@ -855,6 +855,7 @@ typedef struct ExtreeSnapArgs {
     QEMUSnapshotInfo *sn_info;          /* create: in, id_str out */
     const char *id, *name;              /* goto: @id is an id or a name */
     QEMUSnapshotInfo **psn_tab;         /* list */
+    uint64_t size;                      /* goto: the snapshot's size */
     Error **errp;
 } ExtreeSnapArgs;
 
@@ -973,6 +974,23 @@ extree_snapshot_create_bs(BlockDriverState *bs, QEMUSnapshotInfo *sn_info)
     return xt_call_locked_op(bs, xt_snapshot_create_locked, &a);
 }
 
+/* The virtual size of snapshot @a->id (an id or a name) */
+static int coroutine_fn GRAPH_RDLOCK
+xt_snapshot_size_locked(BDRVExtreeState *s, void *opaque)
+{
+    ExtreeSnapArgs *a = opaque;
+    ExtreeSnapshotInfo info;
+    int index;
+
+    index = extree_snapshot_find(s->t, a->id);
+    if (index < 0) {
+        return -ENOENT;
+    }
+    extree_snapshot_get(s->t, index, &info);
+    a->size = info.virtual_size;
+    return 0;
+}
+
 static int coroutine_fn GRAPH_RDLOCK
 xt_snapshot_goto_locked(BDRVExtreeState *s, void *opaque)
 {
@@ -1000,14 +1018,38 @@ xt_snapshot_goto_locked(BDRVExtreeState *s, void *opaque)
 /*
  * The live image becomes the snapshot (@snapshot_id: an id or a name), its
  * virtual size too, as qcow2 does; what only the old live state used is
- * freed.
+ * freed.  Like qcow2, a snapshot of another size first resizes the live
+ * image, which tells the parents (a guest device) the new size.
  */
 static int GRAPH_UNLOCKED
 extree_snapshot_goto_bs(BlockDriverState *bs, const char *snapshot_id)
 {
     BDRVExtreeState *s = bs->opaque;
     ExtreeSnapArgs a = { .id = snapshot_id };
+    Error *local_err = NULL;
+    BlockBackend *blk;
     int ret;
+
+    bdrv_graph_rdlock_main_loop();
+    ret = xt_call_locked_op(bs, xt_snapshot_size_locked, &a);
+    bdrv_graph_rdunlock_main_loop();
+    if (ret < 0) {
+        return ret;
+    }
+    if (a.size != bs->total_sectors * BDRV_SECTOR_SIZE) {
+        blk = blk_new_with_bs(bs, BLK_PERM_RESIZE, BLK_PERM_ALL, &local_err);
+        if (!blk) {
+            error_report_err(local_err);
+            return -ENOTSUP;
+        }
+        ret = blk_truncate(blk, a.size, true, PREALLOC_MODE_OFF, 0,
+                           &local_err);
+        blk_unref(blk);
+        if (ret < 0) {
+            error_report_err(local_err);
+            return ret;
+        }
+    }
 
     bdrv_graph_rdlock_main_loop();
     ret = xt_call_locked_op(bs, xt_snapshot_goto_locked, &a);
