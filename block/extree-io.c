@@ -285,7 +285,7 @@ void coroutine_fn xt_gate_open(BDRVExtreeState *s)
  * else make sure the commit timer runs.  Called with s->lock held, after
  * the request's own xt_io_end().
  */
-static void coroutine_fn GRAPH_RDLOCK xt_update_done(BDRVExtreeState *s)
+void coroutine_fn GRAPH_RDLOCK xt_update_done(BDRVExtreeState *s)
 {
     if (s->core_read_only || !extree_is_dirty(s->t)) {
         return;
@@ -1338,3 +1338,60 @@ extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
     }
 }
 
+/* ---- Calls from the main loop ---- */
+
+/*
+ * Run @fn in a coroutine with s->lock held, from outside coroutine context
+ * (main loop), and wait for it: for the callbacks that are not drained, so
+ * that requests and the commit timer may be running.
+ */
+typedef struct ExtreeCallCo {
+    BlockDriverState *bs;
+    ExtreeLockedFn *fn;
+    ExtreeLockedOpFn *op_fn;            /* instead of @fn, with @opaque */
+    void *opaque;
+    int ret;
+} ExtreeCallCo;
+
+static void coroutine_fn xt_call_entry(void *opaque)
+{
+    ExtreeCallCo *c = opaque;
+    BDRVExtreeState *s = c->bs->opaque;
+    int ret;
+
+    GRAPH_RDLOCK_GUARD();
+
+    ret = xt_enter(s);
+    if (ret == 0) {
+        ret = c->fn ? c->fn(s) : c->op_fn(s, c->opaque);
+        xt_leave(s);
+    }
+    c->ret = ret;
+    aio_wait_kick();
+}
+
+static int GRAPH_RDLOCK xt_call(ExtreeCallCo *c)
+{
+    assert(!qemu_in_coroutine());
+    c->ret = -EINPROGRESS;
+    aio_co_enter(bdrv_get_aio_context(c->bs),
+                 qemu_coroutine_create(xt_call_entry, c));
+    BDRV_POLL_WHILE(c->bs, c->ret == -EINPROGRESS);
+    return c->ret;
+}
+
+int GRAPH_RDLOCK xt_call_locked(BlockDriverState *bs, ExtreeLockedFn *fn)
+{
+    ExtreeCallCo c = { .bs = bs, .fn = fn };
+
+    return xt_call(&c);
+}
+
+/* xt_call_locked() for a function that takes an argument */
+int GRAPH_RDLOCK xt_call_locked_op(BlockDriverState *bs,
+                                   ExtreeLockedOpFn *fn, void *opaque)
+{
+    ExtreeCallCo c = { .bs = bs, .op_fn = fn, .opaque = opaque };
+
+    return xt_call(&c);
+}

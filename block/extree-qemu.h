@@ -219,6 +219,40 @@ void xt_corrupt_cb(void *opaque, uint64_t offset, const char *msg);
 int coroutine_mixed_fn GRAPH_RDLOCK xt_commit_now(BDRVExtreeState *s);
 /* Commit through the gate.  Called with s->lock held; may drop it */
 int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s);
+/* After a request changed the tree: commit soon.  s->lock held. */
+void coroutine_fn GRAPH_RDLOCK xt_update_done(BDRVExtreeState *s);
+
+/*
+ * Run @fn in a coroutine with s->lock held, from outside coroutine context
+ * (main loop), and wait for it: for the callbacks that are not drained, so
+ * that requests and the commit timer may be running.
+ */
+typedef int coroutine_fn GRAPH_RDLOCK ExtreeLockedFn(BDRVExtreeState *s);
+typedef int coroutine_fn GRAPH_RDLOCK ExtreeLockedOpFn(BDRVExtreeState *s,
+                                                       void *opaque);
+int GRAPH_RDLOCK xt_call_locked(BlockDriverState *bs, ExtreeLockedFn *fn);
+int GRAPH_RDLOCK xt_call_locked_op(BlockDriverState *bs,
+                                   ExtreeLockedOpFn *fn, void *opaque);
+
+/* extree-snapshot.c: internal snapshots and VM state */
+int GRAPH_RDLOCK extree_snapshot_create_bs(BlockDriverState *bs,
+                                           QEMUSnapshotInfo *sn_info);
+int GRAPH_UNLOCKED extree_snapshot_goto_bs(BlockDriverState *bs,
+                                           const char *snapshot_id);
+int GRAPH_RDLOCK extree_snapshot_delete_bs(BlockDriverState *bs,
+                                           const char *snapshot_id,
+                                           const char *name, Error **errp);
+int GRAPH_RDLOCK extree_snapshot_list_bs(BlockDriverState *bs,
+                                         QEMUSnapshotInfo **psn_tab);
+int GRAPH_RDLOCK extree_snapshot_load_tmp_bs(BlockDriverState *bs,
+                                             const char *snapshot_id,
+                                             const char *name, Error **errp);
+int coroutine_fn GRAPH_RDLOCK
+extree_co_save_vmstate(BlockDriverState *bs, QEMUIOVector *qiov,
+                         int64_t pos);
+int coroutine_fn GRAPH_RDLOCK
+extree_co_load_vmstate(BlockDriverState *bs, QEMUIOVector *qiov,
+                        int64_t pos);
 /*
  * Hold new data lookups back and wait until no request holds host ranges
  * it looked up (as a commit does), for snapshot operations, which replace

@@ -27,6 +27,7 @@ LAYERS = [
     'extree-check',
     'extree-file',
     'extree-io',
+    'extree-snapshot',
     'extree',
 ]
 
