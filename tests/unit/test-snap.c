@@ -309,6 +309,18 @@ static void test_create_constant(void)
     ct_write(t, 1 * BS, BS);
     extree_stats(t, &after);
     g_assert_cmpuint(after.cows - before.cows, <=, extree_depth(t) + 4);
+    /*
+     * then each leaf it reaches first costs one copy, the leaf's: the
+     * extents are at the even blocks, 126 to a full leaf of 4 KiB, so
+     * these writes into odd blocks land in leaves 1, 2, ... under a root
+     * already copied
+     */
+    for (uint64_t b = 253; b < NBLOCKS; b += 252) {
+        extree_stats(t, &before);
+        ct_write(t, b * BS, BS);
+        extree_stats(t, &after);
+        g_assert_cmpuint(after.cows - before.cows, ==, 1);
+    }
     g_assert_cmpint(extree_commit(t), ==, 0);
     ct_check_clean(t, NULL);
     /* duplicate id, unknown snapshot */
