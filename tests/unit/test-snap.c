@@ -600,9 +600,81 @@ static void test_root_count(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * The space map's counts directly: ranges split and merged as counts go
+ * up and down, the last reference frees (pending until commit), counts
+ * survive a commit and reopen through the reference count tree
+ */
+static void test_space_map(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeSnapshotInfo info = { .icount = UINT64_MAX };
+    const ExtreeSpaceMapOps *sm;
+    uint64_t host, got, free0;
+    uint32_t c;
+
+    /* 16 blocks of DATA, then snapshots on (an empty table entry) */
+    g_assert_cmpint(extree_alloc_data(t, 0, 16 * BS, &host, &got), ==, 0);
+    g_assert_cmpuint(got, ==, 16 * BS);
+    g_assert_cmpint(extree_map_data(t, 0, 16 * BS, host), ==, 0);
+    g_assert_cmpint(extree_snapshot_create(t, &info), ==, 0);
+    sm = t->sm.ops;
+
+    /* [4, 12) + 1, then [8, 16) + 1: counts 1 2 3 2 by quarter... */
+    g_assert_cmpint(sm->inc_ref(t, host + 4 * BS, 8 * BS), ==, 0);
+    g_assert_cmpint(sm->inc_ref(t, host + 8 * BS, 8 * BS), ==, 0);
+    for (int b = 0; b < 16; b++) {
+        uint32_t want = 1 + (b >= 4 && b < 12) + (b >= 8);
+        g_assert_cmpint(sm->ref_count(t, host + b * BS, &c), ==, 0);
+        g_assert_cmpuint(c, ==, want);
+    }
+    g_assert_cmpuint(extree_refs_max(t, host, 16 * BS), ==, 3);
+    /* ... three ranges of 2, 3, 2, and the shared root node */
+    g_assert_cmpuint(g_tree_nnodes(t->refs), ==, 4);
+    /* survives commit and reopen */
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    t = ct_open(be);
+    sm = t->sm.ops;
+    g_assert_cmpuint(g_tree_nnodes(t->refs), ==, 4);
+    g_assert_cmpuint(t->trees[EXTREE_TREE_REFS].nitems, ==, 4);
+    for (int b = 0; b < 16; b++) {
+        uint32_t want = 1 + (b >= 4 && b < 12) + (b >= 8);
+        g_assert_cmpint(sm->ref_count(t, host + b * BS, &c), ==, 0);
+        g_assert_cmpuint(c, ==, want);
+    }
+    /* back down: equal neighbours merge again */
+    g_assert_cmpint(sm->dec_ref(t, host + 8 * BS, 4 * BS, false), ==, 0);
+    /* [4, 16) of 2 is one range again, and the root */
+    g_assert_cmpuint(g_tree_nnodes(t->refs), ==, 2);
+    g_assert_cmpint(sm->dec_ref(t, host + 4 * BS, 12 * BS, false), ==, 0);
+    g_assert_cmpuint(g_tree_nnodes(t->refs), ==, 1);
+    /*
+     * the last reference frees (pending, not allocatable before commit):
+     * once the snapshot is gone, nothing shares the data
+     */
+    g_assert_cmpint(extree_snapshot_delete(t, 0), ==, 0);
+    g_assert_cmpuint(g_tree_nnodes(t->refs), ==, 0);
+    free0 = extree_free_bytes(t);
+    g_assert_cmpint(extree_punch(t, 0, 2 * BS), ==, 0);
+    g_assert_cmpuint(extree_free_bytes(t), ==, free0 + 2 * BS);
+    g_assert_cmpint(sm->ref_count(t, host, &c), ==, 0);
+    g_assert_cmpuint(c, ==, 0);
+    /* a reference to free space is refused as corruption */
+    g_assert_cmpint(sm->inc_ref(t, host, BS), ==, -EIO);
+    extree_close(t);
+    t = ct_open(be);
+    /* the failed update left nothing behind: the committed state checks */
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/snap/space-map", test_space_map);
     g_test_add_func("/snap/create-constant", test_create_constant);
     g_test_add_func("/snap/random", test_random);
     g_test_add_func("/snap/crash", test_crash);
