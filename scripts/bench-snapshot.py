@@ -22,6 +22,11 @@ CSV under --results:
             delete must free almost all of the snapshot's data
   space     host bytes of the image before the snapshot was taken and after
             that delete (the overwritten copy is what is left)
+  write     one qemu-io writing 1,000 scattered 4 KiB blocks of data
+            (overwrites of the layout's data runs, in random order): with
+            no snapshot, and right after one was taken (every write the
+            first to its data and mostly to its leaf: the copies sharing
+            costs)
 
     scripts/bench-snapshot.py [--scale full|quick|1/N] [--runs N]
         [--scenarios S1,S2] [--formats extree,qcow2-64k,qcow2-4k]
@@ -32,6 +37,7 @@ import argparse
 import csv
 import importlib.util
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -96,6 +102,22 @@ def snap(fmt, img, op, name):
     return timed([QIMG, "snapshot", "-f", FORMATS[fmt][0], op, name, img])
 
 
+QIO = os.path.join(TOP, "build", "qemu", "qemu-io")
+
+
+def writes(fmt, img, offs, byte):
+    """Wall seconds of one qemu-io writing 4 KiB at each of @offs"""
+    script = "".join(f"write -q -P {byte} {o} 4k\n" for o in offs)
+    t0 = time.perf_counter()
+    r = subprocess.run([QIO, "-f", FORMATS[fmt][0], img], input=script,
+                       capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    out = (r.stdout + r.stderr).lower()
+    if r.returncode != 0 or "fail" in out or "error" in out:
+        raise RuntimeError(f"qemu-io: {(r.stdout + r.stderr).strip()[-300:]}")
+    return dt
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scale", default="full")
@@ -130,15 +152,27 @@ def main():
             log(f"{sc} {fmt}: converted in {t:.1f} s, "
                 f"{host_bytes(img) / 2**20:.0f} MiB")
         times = {(fmt, m): [] for fmt in fmts
-                 for m in ("create", "revert", "delete")}
+                 for m in ("create", "revert", "delete", "write-plain",
+                           "write-after-snapshot")}
+        rng = random.Random(21)
+        data_offs = [o for o, _ in lay.writes]
         space = {}
         for rep in range(args.runs):
+            offs = rng.sample(data_offs, 2000)
             for fmt in fmts:
                 img = imgs[fmt]
                 # create (the image as built, no snapshot), then revert
                 times[(fmt, "create")].append(snap(fmt, img, "-c", "s"))
                 times[(fmt, "revert")].append(snap(fmt, img, "-a", "s"))
                 snap(fmt, img, "-d", "s")
+                # 1,000 scattered overwrites, without and right after a
+                # snapshot (the same offsets for every format)
+                times[(fmt, "write-plain")].append(
+                    writes(fmt, img, offs[:1000], 7))
+                snap(fmt, img, "-c", "w")
+                times[(fmt, "write-after-snapshot")].append(
+                    writes(fmt, img, offs[1000:], 9))
+                snap(fmt, img, "-d", "w")
         for fmt in fmts:
             # delete of a mostly overwritten snapshot: once per run would
             # rewrite the whole image each time; --runs rounds of it
@@ -154,7 +188,8 @@ def main():
                 space.setdefault(fmt, []).append((before, during, after))
             log(f"{sc} {fmt}: check {qcheck(fmt, img)}")
         for fmt in fmts:
-            for m in ("create", "revert", "delete"):
+            for m in ("create", "revert", "delete", "write-plain",
+                      "write-after-snapshot"):
                 v = times[(fmt, m)]
                 rows.append({"scenario": sc, "format": fmt, "measure": m,
                              "n": len(v), "median_s": f"{statistics.median(v):.4f}",
