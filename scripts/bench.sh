@@ -29,7 +29,8 @@ usage: scripts/bench.sh [options]            (or: make bench BENCH_ARGS="...")
                      results, while build/qemu/qemu-img has no extree driver)
   --measures LIST    from map alloc open qmap seekhole convert-raw
                      convert-null bench-read-d1 bench-read-d32 bench-write-d1
-                     bench-write-d32 callgrind (default: each scenario's set)
+                     bench-write-d32 callgrind snapshot (default: each
+                     scenario's set, and snapshot)
   --dir DIR          scratch directory for the filesystem images, mounts and
                      results (default: build/bench)
   --image-fs FS      filesystem holding the qcow2 and extree images (xfs)
@@ -204,6 +205,15 @@ done
 child=
 [ "$interrupted" != 0 ] && exit "$interrupted"
 [ "$rc" = 0 ] || die "scripts/bench.py failed (exit $rc); partial results in $dir/results"
+
+# Internal snapshots (issue 21): qemu-img snapshot -c/-a/-d and the writes
+# after one, extree against qcow2, on the S1 and S2 layouts, in DIR/snapshot
+# on the host's file system (scripts/bench-snapshot.py)
+if [ -z "$measures" ] || [[ ",$measures," == *,snapshot,* ]]; then
+    $py "$top/scripts/bench-snapshot.py" --scale "$scale" --runs "$runs" \
+        --dir "$dir/snapshot" --results "$dir/results/${scale//\//-}" ||
+        die "scripts/bench-snapshot.py failed"
+fi
 
 if [ "$report" = 1 ]; then
     $py "$top/scripts/bench-report.py" --top "$top" \
