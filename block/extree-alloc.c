@@ -403,6 +403,16 @@ static uint64_t grow_room(Extree *t, bool data)
     return room / t->block_size * t->block_size;
 }
 
+/*
+ * What a writer holds back from data besides the nodes it writes: on a
+ * backend of fixed size the metadata headroom, and a metadata reserve of
+ * the least size (qemu-img measure)
+ */
+uint64_t extree_alloc_headroom(uint32_t node_size)
+{
+    return (uint64_t)(EXT_META_HEADROOM_NODES + EXT_RESERVE_MIN) * node_size;
+}
+
 void extree_set_host_limit(Extree *t, uint64_t limit)
 {
     t->host_limit = limit;

@@ -638,6 +638,7 @@ bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
 void extree_alloc_reset_free(Extree *t, GArray *used);
 void extree_ranges_merge(GArray *list);
 int extree_alloc_contig(Extree *t, uint64_t bytes, uint64_t *host);
+uint64_t extree_alloc_headroom(uint32_t node_size);
 void extree_refs_init(Extree *t);
 void extree_refs_destroy(Extree *t);
 int extree_refs_add_loaded(Extree *t, uint64_t start, uint64_t len,

@@ -1496,7 +1496,9 @@ void extree_stats(const Extree *t, ExtreeStats *st)
 /*
  * Bound for qemu-img measure: both trees at half-full nodes, twice (the
  * copies of one transaction coexist with the committed nodes), plus the
- * superblocks.
+ * superblocks, plus what the allocator holds back from data on a backend
+ * of fixed size (extree_alloc_headroom()), so that an image converted onto
+ * a device of the measured size fits.
  */
 uint64_t extree_metadata_bound(uint64_t virtual_size, uint32_t block_size,
                                uint32_t node_size, uint64_t nr_extents)
@@ -1519,5 +1521,5 @@ uint64_t extree_metadata_bound(uint64_t virtual_size, uint32_t block_size,
         }
     }
     return EXTREE_ROUND_UP(EXTREE_SB_AREA, bs) + 2 * nodes * ns +
-           32 * (uint64_t)ns;
+           extree_alloc_headroom(ns);
 }
