@@ -38,6 +38,7 @@ import csv
 import importlib.util
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -118,6 +119,20 @@ def writes(fmt, img, offs, byte):
     return dt
 
 
+def private_binaries(d):
+    """Copies of qemu-img and qemu-io: a rebuild during the run must not
+    pull them out from under it"""
+    global QIMG, QIO
+    os.makedirs(d, exist_ok=True)
+    for name in ("qemu-img", "qemu-io"):
+        dst = os.path.join(d, name)
+        shutil.copy2(os.path.join(TOP, "build", "qemu", name), dst)
+        if name == "qemu-img":
+            QIMG = dst
+        else:
+            QIO = dst
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scale", default="full")
@@ -133,6 +148,7 @@ def main():
     os.makedirs(args.dir, exist_ok=True)
     resdir = args.results or os.path.join(args.dir, "results")
     os.makedirs(resdir, exist_ok=True)
+    private_binaries(os.path.join(args.dir, "bin"))
     rows = []
 
     for sc in args.scenarios.split(","):
