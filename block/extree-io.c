@@ -1073,13 +1073,27 @@ xt_preallocate(BDRVExtreeState *s, uint64_t start, uint64_t end,
                PreallocMode mode, Error **errp)
 {
     BlockDriverState *bs = s->bs;
-    int64_t file_len = bdrv_co_getlength(bs->file->bs);
-    uint64_t max_end = 0;
+    int64_t file_len;
+    uint64_t max_end = 0, first = start, need;
     int ret = 0;
 
+    /*
+     * On storage of fixed size (a block device, an NBD export), refuse
+     * before anything is allocated when the data cannot fit: growing
+     * tells the core where the storage ends
+     */
+    xt_grow_before(s, end - start);
+    file_len = bdrv_co_getlength(bs->file->bs);
     if (file_len < 0) {
         error_setg_errno(errp, -file_len, "Could not get the file length");
         return file_len;
+    }
+    need = extree_grow_bound(s->t, end - start) - extree_free_bytes(s->t);
+    if (s->grow_off && need > (uint64_t)file_len) {
+        error_setg(errp, "Preallocating %" PRIu64 " bytes needs about %"
+                   PRIu64 " bytes of storage, which holds %" PRId64,
+                   end - start, need, file_len);
+        return -ENOSPC;
     }
     while (start < end) {
         uint64_t host, got, zlen;
@@ -1087,7 +1101,7 @@ xt_preallocate(BDRVExtreeState *s, uint64_t start, uint64_t end,
         ret = extree_alloc_data(s->t, start, end - start, &host, &got);
         if (ret < 0) {
             error_setg_errno(errp, -ret, "Could not allocate space");
-            return ret;
+            goto undo;
         }
         zlen = host < (uint64_t)file_len ? MIN(got, file_len - host) : 0;
         if (zlen && mode == PREALLOC_MODE_FULL) {
@@ -1109,7 +1123,7 @@ xt_preallocate(BDRVExtreeState *s, uint64_t start, uint64_t end,
         if (ret < 0) {
             extree_free_data(s->t, host, got);
             error_setg_errno(errp, -ret, "Could not preallocate");
-            return ret;
+            goto undo;
         }
         max_end = MAX(max_end, host + got);
         start += got;
@@ -1120,6 +1134,16 @@ xt_preallocate(BDRVExtreeState *s, uint64_t start, uint64_t end,
         ret = bdrv_co_truncate(bs->file, max_end, false,
                                mode == PREALLOC_MODE_METADATA ?
                                PREALLOC_MODE_OFF : mode, 0, errp);
+        if (ret < 0) {
+            goto undo;
+        }
+    }
+    return 0;
+
+undo:
+    /* What this call mapped goes again: no later commit may keep it */
+    if (start > first) {
+        extree_punch(s->t, first, start - first);
     }
     return ret;
 }
@@ -1225,6 +1249,11 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
             uint64_t aend = ROUND_UP(offset, bsz);
             if (prealloc != PREALLOC_MODE_OFF) {
                 ret = xt_preallocate(s, astart, aend, prealloc, errp);
+                if (ret < 0) {
+                    /* it mapped nothing that stays: the old size again */
+                    extree_set_virtual_size(s->t, old);
+                    qatomic_set(&s->virtual_size, old);
+                }
             } else if (flags & BDRV_REQ_ZERO_WRITE) {
                 ret = xt_update_range(s, astart, aend, EXTREE_OP_ZERO);
                 if (ret < 0) {
