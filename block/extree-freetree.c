@@ -131,26 +131,7 @@ int extree_freetree_sync(Extree *t)
 int extree_freetree_rebuild(Extree *t, GArray *used)
 {
     ExtreeTree *ft = &t->trees[EXTREE_TREE_FREE];
-    ExtreeNode *root;
-    uint64_t bytenr;
-    int ret;
 
     extree_alloc_reset_free(t, used);
-    extree_path_release(t, &t->pcache[EXTREE_TREE_FREE]);
-    ret = t->sm.ops->new_node(t->sm.opaque, &bytenr);
-    if (ret < 0) {
-        return ret;
-    }
-    ret = extree_node_new(t, bytenr, EXTREE_TREE_FREE, 0, &root);
-    if (ret < 0) {
-        return ret;
-    }
-    extree_node_unref(t, root);
-    ft->root = bytenr;
-    ft->root_gen = t->trans_gen;
-    ft->level = 0;
-    ft->nitems = 0;
-    ft->total = 0;
-    t->super_dirty = true;
-    return 0;
+    return extree_bt_new_root(t, ft);
 }

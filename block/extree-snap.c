@@ -98,11 +98,15 @@ static int enable_snapshots(Extree *t)
     return 0;
 }
 
-/* Nothing pending, and the handle may change */
-static int begin(Extree *t)
+/* Nothing pending, and the handle may change; @index an existing entry */
+static int begin(Extree *t, unsigned index)
 {
-    int ret = extree_check_writable(t);
+    int ret;
 
+    if (index != UINT_MAX && index >= extree_snapshot_count(t)) {
+        return -ENOENT;
+    }
+    ret = extree_check_writable(t);
     if (ret == 0) {
         ret = extree_commit(t);
     }
@@ -151,7 +155,7 @@ int extree_snapshot_create(Extree *t, ExtreeSnapshotInfo *info)
     if (info->id[0] && find_id(t, info->id) >= 0) {
         return -EEXIST;
     }
-    ret = begin(t);
+    ret = begin(t, UINT_MAX);
     if (ret < 0) {
         return ret;
     }
@@ -221,10 +225,7 @@ int extree_snapshot_goto(Extree *t, unsigned index)
     ExtreeSnap *sn;
     int ret;
 
-    if (index >= extree_snapshot_count(t)) {
-        return -ENOENT;
-    }
-    ret = begin(t);
+    ret = begin(t, index);
     if (ret < 0) {
         return ret;
     }
@@ -247,10 +248,7 @@ int extree_snapshot_delete(Extree *t, unsigned index)
     ExtreeTree tree;
     int ret;
 
-    if (index >= extree_snapshot_count(t)) {
-        return -ENOENT;
-    }
-    ret = begin(t);
+    ret = begin(t, index);
     if (ret < 0) {
         return ret;
     }

@@ -89,16 +89,13 @@ static void sb_encode(const ExtreeSuper *s, uint8_t *buf)
     ext_st32(buf + SB_OFF(block_size), s->block_size);
     ext_st32(buf + SB_OFF(node_size), s->node_size);
     ext_st64(buf + SB_OFF(host_end), s->host_end);
-    EXT_FOR_EACH_TREE(o) {
+    for (uint32_t o = EXTREE_TREE_EXTENT; o < EXT_NTREES; o++) {
         root_encode(buf + sb_root_off(o), s->root[o], s->root_gen[o],
                     s->root_level[o]);
     }
     ext_st64(buf + SB_OFF(extent_count), s->extent_count);
     ext_st64(buf + SB_OFF(free_bytes), s->free_bytes);
     ext_st64(buf + SB_OFF(extent_bytes), s->extent_bytes);
-    root_encode(buf + SB_OFF(ref_root), s->root[EXTREE_TREE_REFS],
-                s->root_gen[EXTREE_TREE_REFS],
-                s->root_level[EXTREE_TREE_REFS]);
     ext_st64(buf + SB_OFF(snap_table_offset), s->snap_table);
     ext_st32(buf + SB_OFF(snap_count), s->snap_count);
     ext_st64(buf + SB_OFF(snap_generation), s->snap_gen);
@@ -170,7 +167,8 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     s->block_size = ext_ld32(buf + SB_OFF(block_size));
     s->node_size = ext_ld32(buf + SB_OFF(node_size));
     s->host_end = ext_ld64(buf + SB_OFF(host_end));
-    EXT_FOR_EACH_TREE(o) {
+    /* the reference count tree's too: all zero without snapshots */
+    for (uint32_t o = EXTREE_TREE_EXTENT; o < EXT_NTREES; o++) {
         const uint8_t *r = buf + sb_root_off(o);
         s->root[o] = ext_ld64(r + EXT_RT_BYTENR);
         s->root_gen[o] = ext_ld64(r + EXT_RT_GEN);
@@ -179,12 +177,6 @@ static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     s->extent_count = ext_ld64(buf + SB_OFF(extent_count));
     s->free_bytes = ext_ld64(buf + SB_OFF(free_bytes));
     s->extent_bytes = ext_ld64(buf + SB_OFF(extent_bytes));
-    {
-        const uint8_t *r = buf + SB_OFF(ref_root);
-        s->root[EXTREE_TREE_REFS] = ext_ld64(r + EXT_RT_BYTENR);
-        s->root_gen[EXTREE_TREE_REFS] = ext_ld64(r + EXT_RT_GEN);
-        s->root_level[EXTREE_TREE_REFS] = r[EXT_RT_LEVEL];
-    }
     s->snap_table = ext_ld64(buf + SB_OFF(snap_table_offset));
     s->snap_count = ext_ld32(buf + SB_OFF(snap_count));
     s->snap_gen = ext_ld64(buf + SB_OFF(snap_generation));
