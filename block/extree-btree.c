@@ -1140,6 +1140,39 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
 
 /* ---- whole trees ---- */
 
+/*
+ * The children of @n that a drop will read (those with one reference: the
+ * others only lose one), read at once, concurrently where the backend can:
+ * deleting a snapshot that was mostly overwritten reads every node of its
+ * tree, and one read at a time waits on each
+ */
+static void drop_readahead(Extree *t, ExtreeTree *tree, const ExtreeNode *n,
+                           uint64_t key_end)
+{
+    int nr = node_nritems(n), k = 0;
+    ExtreeNodeExpect *e = g_new(ExtreeNodeExpect, nr);
+    uint64_t *bytenr = g_new(uint64_t, nr);
+
+    for (int i = 0; i < nr; i++) {
+        uint32_t count;
+        uint64_t child = ptr_get_child(n, i);
+
+        if (!extree_node_cached(t, child) &&
+            t->sm.ops->ref_count(t->sm.opaque, child, &count) == 0 &&
+            count == 1) {
+            bytenr[k] = child;
+            child_expect(tree, n, i, key_end, &e[k]);
+            k++;
+        }
+    }
+    for (int i = 0; i < k; i += EXTREE_READAHEAD_MAX) {
+        extree_node_readahead(t, MIN(k - i, EXTREE_READAHEAD_MAX),
+                              bytenr + i, e + i);
+    }
+    g_free(e);
+    g_free(bytenr);
+}
+
 /* drop_tree(): one reference fewer for the node @bytenr (@e expects it) */
 static int drop_node(Extree *t, ExtreeTree *tree, uint64_t bytenr,
                      const ExtreeNodeExpect *e, ExtreeRemovedFn *removed,
@@ -1161,6 +1194,9 @@ static int drop_node(Extree *t, ExtreeTree *tree, uint64_t bytenr,
         return ret;
     }
     nr = node_nritems(n);
+    if (node_level(n)) {
+        drop_readahead(t, tree, n, e->key_end);
+    }
     for (int i = 0; i < nr && ret == 0; i++) {
         if (node_level(n)) {
             ExtreeNodeExpect ce;
