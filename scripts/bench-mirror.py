@@ -2,8 +2,10 @@
 """Time a blockdev-mirror (sync=full) of a fragmented image, by source format
 (issue 19 point 4).  Python 3 stdlib only.
 
-The layout: SIZE virtual (default 2 GiB) with every other 4 KiB block
-written (SIZE / 8 KiB data runs, as many holes: 262,144 runs at 2 GiB).  The
+The layout: SIZE virtual (default 2 GiB) with a 4 KiB block written every
+STRIDE (default 8 KiB: every other block, SIZE / 8 KiB data runs, as many
+holes: 262,144 runs at 2 GiB; --size 64 --stride 64 is the full-scale S2
+layout, 1,048,576 runs, written in guest order here).  The
 raw source is written here (sparse, on the file system of DIR); the extree
 and qcow2 (cluster_size=4096) sources are converted from it with qemu-img
 convert, so all three hold the same data and holes.
@@ -40,14 +42,14 @@ KiB = 1024
 GiB = 1024 ** 3
 
 
-def make_raw(path, size):
-    """every other 4 KiB block of size written, the others holes"""
+def make_raw(path, size, stride):
+    """a 4 KiB block of data every @stride bytes of @size, holes between"""
     with open(path, 'wb') as f:
         f.truncate(size)
         block = bytearray(b'\x5a' * 4096)
-        for i in range(size // (8 * KiB)):
+        for i in range(size // stride):
             block[0:8] = i.to_bytes(8, 'little')
-            f.seek(i * 8 * KiB)
+            f.seek(i * stride)
             f.write(block)
 
 
@@ -134,18 +136,26 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--dir', default=os.path.join(TOP, 'build', 'bench-mirror'))
     ap.add_argument('--size', type=int, default=2, help='GiB (default 2)')
+    ap.add_argument('--stride', type=int, default=8,
+                    help='KiB from one data block to the next (default 8; '
+                         'the S2 layout: --size 64 --stride 64)')
     ap.add_argument('--runs', type=int, default=3)
     ap.add_argument('--keep', action='store_true', help='keep the images')
     ap.add_argument('--only', choices=('extree', 'qcow2', 'raw'),
                     help='time this source format only')
     a = ap.parse_args()
     size = a.size * GiB
+    stride = a.stride * KiB
     os.makedirs(a.dir, exist_ok=True)
     imgs = {'raw': os.path.join(a.dir, 'src.raw'),
             'extree': os.path.join(a.dir, 'src.extree'),
             'qcow2': os.path.join(a.dir, 'src.qcow2')}
-    if not os.path.exists(imgs['raw']) or os.path.getsize(imgs['raw']) != size:
-        make_raw(imgs['raw'], size)
+    stamp = os.path.join(a.dir, 'src.layout')
+    layout = f'{size} {stride}'
+    if not os.path.exists(stamp) or open(stamp).read() != layout:
+        make_raw(imgs['raw'], size, stride)
+        with open(stamp, 'w') as f:
+            f.write(layout)
         for f in ('extree', 'qcow2'):
             if os.path.exists(imgs[f]):
                 os.remove(imgs[f])
@@ -168,8 +178,9 @@ def main():
                 print(f'round {r + 1} {fmt}: {res[fmt][-1][0]:.2f} s, '
                       f'CPU {res[fmt][-1][1]:.2f} s', file=sys.stderr)
     print(f'blockdev-mirror sync=full granularity=4096 to null-co, '
-          f'{a.size} GiB virtual, {size // (8 * KiB)} data runs of 4 KiB '
-          f'and as many holes; medians of {a.runs} alternating runs '
+          f'{a.size} GiB virtual, {size // stride} data runs of 4 KiB '
+          f'every {a.stride} KiB, holes between; medians of {a.runs} '
+          f'alternating runs '
           f'(load average {load:.1f} at the start, 2 cores)')
     for fmt in ('extree', 'qcow2', 'raw'):
         if not res[fmt]:
@@ -179,7 +190,7 @@ def main():
         runs = ' '.join(f'{x[0]:.2f}' for x in res[fmt])
         print(f'  {fmt:7} {wall:6.2f} s wall  {cpus:6.2f} s CPU  (runs: {runs})')
     if not a.keep:
-        for img in imgs.values():
+        for img in list(imgs.values()) + [stamp]:
             os.remove(img)
 
 
