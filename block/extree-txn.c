@@ -843,33 +843,48 @@ static int read_supers(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
     return ret;
 }
 
+static gint u64_cmp(gconstpointer a, gconstpointer b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
 /*
  * Every root (live and snapshots) holds a reference to its root node: a
  * count below the number of roots naming a node would let a write free a
- * node another tree still uses.  O(snapshots^2), no I/O.
+ * node another tree still uses.  O(snapshots log snapshots), no I/O.
  */
 static int check_root_counts(Extree *t)
 {
     unsigned n = t->snaps->len;
+    GArray *roots = g_array_sized_new(false, false, sizeof(uint64_t), n + 1);
+    int ret = 0;
 
-    for (unsigned i = 0; i <= n; i++) {
-        uint64_t root = i < n ? g_array_index(t->snaps, ExtreeSnap, i).root
-                              : t->trees[EXTREE_TREE_EXTENT].root;
-        uint32_t want = 0, have = 0;
+    for (unsigned i = 0; i < n; i++) {
+        g_array_append_val(roots, g_array_index(t->snaps, ExtreeSnap, i).root);
+    }
+    g_array_append_val(roots, t->trees[EXTREE_TREE_EXTENT].root);
+    g_array_sort(roots, u64_cmp);
+    for (unsigned i = 0, k; i <= n && ret == 0; i = k) {
+        uint64_t root = g_array_index(roots, uint64_t, i);
+        uint32_t have = 0;
 
-        for (unsigned k = 0; k <= n; k++) {
-            want += (k < n ? g_array_index(t->snaps, ExtreeSnap, k).root
-                           : t->trees[EXTREE_TREE_EXTENT].root) == root;
+        /* [i, k): the trees naming @root */
+        k = i + 1;
+        while (k <= n && g_array_index(roots, uint64_t, k) == root) {
+            k++;
         }
         t->sm.ops->ref_count(t->sm.opaque, root, &have);
-        if (have < want) {
-            return extree_corrupt(t, root, "corrupt reference count tree: "
-                                  "extent tree root at offset 0x%" PRIx64
-                                  " has %u references, %u trees name it",
-                                  root, have, want);
+        if (have < k - i) {
+            ret = extree_corrupt(t, root, "corrupt reference count tree: "
+                                 "extent tree root at offset 0x%" PRIx64
+                                 " has %u references, %u trees name it",
+                                 root, have, k - i);
         }
     }
-    return 0;
+    g_array_free(roots, true);
+    return ret;
 }
 
 int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
