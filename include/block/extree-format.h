@@ -74,7 +74,8 @@
  * snapshot table, VM state area
  */
 #define EXTREE_INCOMPAT_SNAPSHOTS_BITNR 1
-#define EXTREE_INCOMPAT_SNAPSHOTS       (1ULL << EXTREE_INCOMPAT_SNAPSHOTS_BITNR)
+#define EXTREE_INCOMPAT_SNAPSHOTS \
+    (1ULL << EXTREE_INCOMPAT_SNAPSHOTS_BITNR)
 #define EXTREE_INCOMPAT_MASK \
     (EXTREE_INCOMPAT_CORRUPT | EXTREE_INCOMPAT_SNAPSHOTS)
 
@@ -178,8 +179,8 @@ typedef struct __attribute__((packed)) ExtreeDiskKeyPtr {
 #define EXTREE_ITEM_DATA        1   /* guest range stored at host_offset */
 #define EXTREE_ITEM_ZERO        2   /* guest range reads as zeroes */
 #define EXTREE_ITEM_FREE        3   /* free-space tree: free host range */
-#define EXTREE_ITEM_REFS        4   /* reference count tree: host_offset =
-                                       count (>= 2) of every block */
+/* reference count tree: host_offset is the count (>= 2) of every block */
+#define EXTREE_ITEM_REFS        4
 
 /*
  * Leaf item.  Extent tree: key = guest offset.  Free-space tree: key =
