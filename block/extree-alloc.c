@@ -7,7 +7,8 @@
  *            data last, so that metadata recycles its own space (a hot,
  *            already allocated region of the host file, and consecutive
  *            nodes for few, large writes) instead of scattering data into
- *            node holes and moving the nodes to new space every commit;
+ *            node holes and moving the nodes to new space every commit
+ *            (at open, the free tree's short ranges come here too);
  *   pending  freed in the running transaction.  Not reusable until the
  *            superblock of that transaction is durable: until then the
  *            previous superblock, which may still reference it, is the one
@@ -884,10 +885,16 @@ void extree_alloc_commit_done(Extree *t, GArray *discard)
     g_array_set_size(t->freed_nodes, 0);
 }
 
-/* Open: a range of the free-space tree is allocatable */
+/*
+ * Open: a range of the free-space tree is allocatable.  The tree does not
+ * say what used it; a range shorter than EXT_DISCARD_NODES_MIN is treated
+ * as freed node space (nfree), as it mostly is: holes between live nodes.
+ * Data placed first fit into such holes would be freed again in as many
+ * small pieces, each its own discard.
+ */
 void extree_alloc_add_loaded(Extree *t, uint64_t start, uint64_t len)
 {
-    rs_add(&t->avail, start, len);
+    rs_add(len < EXT_DISCARD_NODES_MIN ? &t->nfree : &t->avail, start, len);
 }
 
 /* Open: the free space is known (all of it added), or not (dropped) */
