@@ -27,10 +27,11 @@ usage: scripts/bench.sh [options]            (or: make bench BENCH_ARGS="...")
   --formats LIST     from extree qcow2-64k qcow2-4k raw-btrfs raw-xfs raw-ext4
                      (default: all; extree is skipped, with the reason in the
                      results, while build/qemu/qemu-img has no extree driver)
-  --measures LIST    from map alloc open qmap seekhole convert-raw
-                     convert-null bench-read-d1 bench-read-d32 bench-write-d1
-                     bench-write-d32 callgrind snapshot (default: each
-                     scenario's set, and snapshot)
+  --measures LIST    from map map-stock nbdmap alloc open qmap seekhole
+                     convert-raw convert-null bench-read-d1 bench-read-d32
+                     bench-read-d1-cache8m bench-read-d32-cache8m
+                     bench-write-d1 bench-write-d32 callgrind snapshot
+                     (default: each scenario's set, and snapshot)
   --dir DIR          scratch directory for the filesystem images, mounts and
                      results (default: build/bench)
   --image-fs FS      filesystem holding the qcow2 and extree images (xfs)
@@ -207,11 +208,13 @@ child=
 [ "$rc" = 0 ] || die "scripts/bench.py failed (exit $rc); partial results in $dir/results"
 
 # Internal snapshots (issue 21): qemu-img snapshot -c/-a/-d and the writes
-# after one, extree against qcow2, on the S1 and S2 layouts, in DIR/snapshot
-# on the host's file system (scripts/bench-snapshot.py)
+# after one, extree against qcow2, on the S1 and S2 layouts, on the file
+# system that holds the other measures' qcow2 and extree images
+# (scripts/bench-snapshot.py)
 if [ -z "$measures" ] || [[ ",$measures," == *,snapshot,* ]]; then
     $py "$top/scripts/bench-snapshot.py" --scale "$scale" --runs "$runs" \
-        --dir "$dir/snapshot" --results "$dir/results/${scale//\//-}" ||
+        --dir "$dir/mnt/$image_fs/snapshot" \
+        --results "$dir/results/${scale//\//-}" ||
         die "scripts/bench-snapshot.py failed"
 fi
 
