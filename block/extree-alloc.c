@@ -865,6 +865,20 @@ void extree_alloc_commit_done(Extree *t, GArray *discard)
     g_array_append_vals(discard, t->freed_data->data, t->freed_data->len);
     g_array_set_size(t->freed_data, 0);
 
+    extree_alloc_deferred(t, discard);
+    g_array_append_vals(t->discard_later, t->freed_nodes->data,
+                        t->freed_nodes->len);
+    g_array_set_size(t->freed_nodes, 0);
+}
+
+/*
+ * Appends to @discard (ExtreeAllocOp) the node space the last commit freed
+ * that is still allocatable, in runs of at least EXT_DISCARD_NODES_MIN,
+ * and forgets the rest of it.  After the next commit, or when no commit
+ * will come (close).
+ */
+void extree_alloc_deferred(Extree *t, GArray *discard)
+{
     for (guint i = 0; i < t->discard_later->len; i++) {
         ExtreeAllocOp *op = &g_array_index(t->discard_later, ExtreeAllocOp, i);
         uint64_t end = op->start + op->len;
@@ -880,9 +894,6 @@ void extree_alloc_commit_done(Extree *t, GArray *discard)
         }
     }
     g_array_set_size(t->discard_later, 0);
-    g_array_append_vals(t->discard_later, t->freed_nodes->data,
-                        t->freed_nodes->len);
-    g_array_set_size(t->freed_nodes, 0);
 }
 
 /*

@@ -303,7 +303,8 @@ xt_grow_before(BDRVExtreeState *s, uint64_t bytes)
 
 /*
  * Cut what lies past host_end off the file (grow-ahead's tail, or one a
- * crash left), so that a closed image is no longer than its contents.
+ * crash left), so that a closed image is no longer than its contents, and
+ * discard the freed node space no later commit will.
  * Only after a successful commit, with the core read-write and no request
  * in flight: then host_end is the durable one and nothing past it is in
  * use.  Never on an image found damaged or being checked: what lies past
@@ -322,6 +323,7 @@ void coroutine_mixed_fn GRAPH_RDLOCK xt_trim_file(BDRVExtreeState *s)
         (s->bs->open_flags & BDRV_O_CHECK)) {
         return;
     }
+    extree_discard_deferred(s->t);
     end = extree_host_end(s->t);
     len = bdrv_getlength(s->bs->file->bs);
     if (len < 0 || (uint64_t)len <= end) {

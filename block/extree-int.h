@@ -626,6 +626,7 @@ bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len);
 uint64_t extree_alloc_free_bytes(const Extree *t);
 bool extree_alloc_trim_tail(Extree *t);
 void extree_alloc_commit_done(Extree *t, GArray *freed);
+void extree_alloc_deferred(Extree *t, GArray *discard);
 uint64_t extree_alloc_take_at(Extree *t, uint64_t hint, uint64_t bytes);
 bool extree_alloc_take_before(Extree *t, uint64_t end, uint64_t bytes);
 int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,

@@ -1106,6 +1106,19 @@ static void give_back_space(Extree *t, GArray *freed)
     t->trimmed = false;
 }
 
+void extree_discard_deferred(Extree *t)
+{
+    GArray *later;
+
+    if (t->read_only || t->broken || !t->alloc_loaded || extree_is_dirty(t)) {
+        return;
+    }
+    later = g_array_new(false, false, sizeof(ExtreeAllocOp));
+    extree_alloc_deferred(t, later);
+    give_back_space(t, later);
+    g_array_free(later, true);
+}
+
 /*
  * Commit generation G + 1 (G = t->generation).  The order is the crash
  * safety argument: nothing reachable from a durable superblock is ever

@@ -183,6 +183,14 @@ void extree_close(Extree *t);
  */
 int extree_commit(Extree *t);
 bool extree_is_dirty(const Extree *t);
+
+/*
+ * Before a close with nothing dirty: the node space the last commit freed
+ * would wait for a next commit that will not come; discard what of it is
+ * still free, in runs of 256 KiB or more (a snapshot delete frees the
+ * dropped tree's nodes this way).  Best effort, like commit's discards.
+ */
+void extree_discard_deferred(Extree *t);
 /* More dirty metadata than ExtreeOpenOptions.dirty_limit: commit soon */
 bool extree_commit_wanted(const Extree *t);
 

@@ -656,6 +656,70 @@ static void test_discard_after_commit(void)
 }
 
 /*
+ * D4: at close no next commit will discard the node space the last one
+ * freed: extree_discard_deferred() does, in runs of 256 KiB or more, once,
+ * and nothing while changes are uncommitted
+ */
+static void test_discard_deferred(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    Extree *t = ct_open(be);
+    uint64_t total = 0;
+    ExtreeMemStats st;
+    size_t len;
+
+    for (int i = 0; i < 12000; i++) {
+        ct_write(t, (uint64_t)(4000 + 2 * i) * BS, BS);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpint(extree_punch(t, 4000 * BS, 24000 * BS), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpuint(extree_depth(t), ==, 1);
+
+    /* uncommitted changes: nothing yet */
+    ct_write(t, 100 * BS, BS);
+    extree_mem_backend_reset_stats(be);
+    extree_discard_deferred(t);
+    extree_mem_backend_stats(be, &st);
+    g_assert_cmpuint(st.discards, ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+
+    /* that commit discarded the leaves; free some again, commit, close */
+    for (int i = 0; i < 12000; i++) {
+        ct_write(t, (uint64_t)(40000 + 2 * i) * BS, BS);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpint(extree_punch(t, 40000 * BS, 24000 * BS), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_mem_backend_start_recording(be);
+    extree_discard_deferred(t);
+    extree_mem_backend_stop_recording(be);
+    len = extree_mem_backend_log_length(be);
+    for (size_t i = 0; i < len; i++) {
+        ExtreeLogEntry e;
+        extree_mem_backend_log_entry(be, i, &e);
+        g_assert_cmpint(e.op, ==, EXTREE_LOG_DISCARD);
+        g_assert_cmpuint(e.bytes, >=, 256 * 1024);
+        g_assert_true(extree_alloc_is_free(t, e.offset, e.bytes));
+        total += e.bytes;
+    }
+    g_assert_cmpuint(total, >=, 256 * 1024);
+    g_assert_cmpuint(total, <=, 200 * NS);
+
+    /* once */
+    extree_mem_backend_reset_stats(be);
+    extree_discard_deferred(t);
+    extree_mem_backend_stats(be, &st);
+    g_assert_cmpuint(st.discards, ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    t = ct_open(be);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/*
  * D4: free space at the end of the file leaves it: host_end goes down in
  * the first commit after the one that freed it, and the file is truncated
  * once that commit is durable
@@ -1143,6 +1207,7 @@ int main(int argc, char **argv)
                     test_skipped_slot_open_fails);
     g_test_add_func("/txn/dirty-limit-off", test_dirty_limit_off);
     g_test_add_func("/txn/discard-after-commit", test_discard_after_commit);
+    g_test_add_func("/txn/discard-deferred", test_discard_deferred);
     g_test_add_func("/txn/trim-tail", test_trim_tail);
     g_test_add_func("/txn/trim-evicted-free-leaf",
                     test_trim_evicted_free_leaf);
