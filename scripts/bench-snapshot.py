@@ -232,11 +232,14 @@ def main():
                 log(f"{sc} {fmt} {m}: median {statistics.median(v):.3f} s "
                     f"(min {min(v):.3f}, max {max(v):.3f}, n {len(v)})")
             b, d, a = space[fmt][-1]
+            pct = [100.0 * (a1 - b1) / b1 for b1, _, a1 in space[fmt]]
             rows.append({"scenario": sc, "format": fmt, "measure": "space",
-                         "n": 1, "median_s": "", "min_s": "", "max_s": "",
+                         "n": len(pct), "median_s": "", "min_s": "",
+                         "max_s": "",
                          "note": f"host bytes before create {b}, with the "
                                  f"overwritten snapshot {d}, after delete "
-                                 f"{a} ({100.0 * (a - b) / b:+.2f}%)"})
+                                 f"{a} ({pct[-1]:+.2f}%); every round: " +
+                                 ", ".join(f"{p:+.2f}%" for p in pct)})
             log(f"{sc} {fmt} space: {rows[-1]['note']}")
         if not args.keep:
             for p in [raw, raw2] + list(imgs.values()):
