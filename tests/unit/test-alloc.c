@@ -87,6 +87,57 @@ static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
     return a < b + blen && b < a + alen;
 }
 
+/*
+ * After a reopen, a free range shorter than 256 KiB counts as node space:
+ * data with no neighbour to follow goes first fit into the longer free
+ * ranges, not into the lower short hole
+ */
+static void test_short_free_after_open(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    Extree *t = ct_open(be);
+    uint64_t short_host, long_host, host, got;
+    ExtreeRun run;
+    int n;
+
+    ct_write(t, 0, 1000 * BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpint(extree_lookup(t, 100 * BS, BS, &run, 1, &n), ==, 0);
+    short_host = run.host;
+    g_assert_cmpint(extree_lookup(t, 500 * BS, BS, &run, 1, &n), ==, 0);
+    long_host = run.host;
+    g_assert_cmpuint(short_host, <, long_host);
+    g_assert_cmpint(extree_punch(t, 100 * BS, 4 * BS), ==, 0);
+    g_assert_cmpint(extree_punch(t, 500 * BS, 400 * BS), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+
+    /*
+     * Single blocks at guest offsets apart from each other, until one
+     * lands in the long range: the lower free space fills first, and the
+     * short hole not at all (first fit over every free range would fill
+     * it before reaching the long one)
+     */
+    t = ct_open(be);
+    g_assert_true(extree_alloc_is_free(t, short_host, 4 * BS));
+    for (int i = 0;; i++) {
+        uint64_t guest = (uint64_t)(5000 + 2 * i) * BS;
+
+        g_assert_cmpint(i, <, 5000);
+        g_assert_cmpint(extree_alloc_data(t, guest, BS, &host, &got), ==, 0);
+        g_assert_cmpuint(got, ==, BS);
+        g_assert_false(overlaps(host, got, short_host, 4 * BS));
+        g_assert_cmpint(extree_map_data(t, guest, got, host), ==, 0);
+        if (overlaps(host, got, long_host, 400 * BS)) {
+            break;
+        }
+    }
+    g_assert_true(extree_alloc_is_free(t, short_host, 4 * BS));
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 /* Space freed in a transaction is reused only after its commit */
 static void test_pending_free(void)
 {
@@ -380,6 +431,8 @@ int main(int argc, char **argv)
     g_test_add_func("/alloc/sequential-one-extent",
                     test_sequential_one_extent);
     g_test_add_func("/alloc/near-hint", test_near_hint);
+    g_test_add_func("/alloc/short-free-after-open",
+                    test_short_free_after_open);
     g_test_add_func("/alloc/pending-free", test_pending_free);
     g_test_add_func("/alloc/free-tree-sync", test_free_tree_sync);
     g_test_add_func("/alloc/fragmented-reuse", test_fragmented_reuse);
