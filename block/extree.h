@@ -191,6 +191,7 @@ bool extree_is_dirty(const Extree *t);
  * dropped tree's nodes this way).  Best effort, like commit's discards.
  */
 void extree_discard_deferred(Extree *t);
+
 /* More dirty metadata than ExtreeOpenOptions.dirty_limit: commit soon */
 bool extree_commit_wanted(const Extree *t);
 
