@@ -217,7 +217,7 @@ fi
 # (scripts/bench-snapshot.py)
 if [ -z "$measures" ] || [[ ",$measures," == *,snapshot,* ]]; then
     $py "$top/scripts/bench-snapshot.py" --scale "$scale" --runs "$runs" \
-        --dir "$dir/mnt/$image_fs/snapshot" \
+        --dir "$dir/mnt/$image_fs/snapshot" --max-image-gib "$max_gib" \
         --results "$dir/results/${scale//\//-}" ||
         die "scripts/bench-snapshot.py failed"
 fi
