@@ -843,10 +843,10 @@ void extree_ranges_merge(GArray *list)
  * Commit step 7: the superblock is durable, pending frees are reusable:
  * freed node space goes to nfree, the rest to avail.  Appends to @discard
  * (ExtreeAllocOp) what the caller should discard now: the space this
- * commit freed, except node space, and the node space the previous commit
- * freed that is still allocatable, in runs of at least
- * EXT_DISCARD_NODES_MIN.  Node space this commit freed waits for the next
- * commit.  O(pending ranges * log n).
+ * commit freed, except node space, and the free ranges of at least
+ * EXT_DISCARD_NODES_MIN that hold node space the previous commit freed
+ * (extree_alloc_deferred()).  Node space this commit freed waits for the
+ * next commit.  O(pending ranges * log n).
  */
 void extree_alloc_commit_done(Extree *t, GArray *discard)
 {
@@ -872,24 +872,85 @@ void extree_alloc_commit_done(Extree *t, GArray *discard)
 }
 
 /*
+ * Appends to @discard the free range [start, end) less the node space this
+ * commit freed (t->freed_nodes, sorted and merged; empty after a commit):
+ * the previous superblock's tree stays intact until the next commit.
+ */
+static void discard_less_freed(Extree *t, uint64_t start, uint64_t end,
+                               GArray *discard)
+{
+    GArray *fn = t->freed_nodes;
+    guint lo = 0, hi = fn->len;
+
+    while (lo < hi) {
+        guint mid = (lo + hi) / 2;
+        ExtreeAllocOp *op = &g_array_index(fn, ExtreeAllocOp, mid);
+        if (op->start + op->len <= start) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    for (guint i = lo; i < fn->len && start < end; i++) {
+        ExtreeAllocOp *op = &g_array_index(fn, ExtreeAllocOp, i);
+        if (op->start >= end) {
+            break;
+        }
+        if (op->start > start) {
+            g_array_append_val(discard, ((ExtreeAllocOp){ start,
+                                          op->start - start, true }));
+        }
+        start = MAX(start, op->start + op->len);
+    }
+    if (start < end) {
+        g_array_append_val(discard, ((ExtreeAllocOp){ start, end - start,
+                                                      true }));
+    }
+}
+
+/*
+ * The length of the free space @r of nfree is part of, with the ranges of
+ * avail right before and after it: node space next to free data space.
+ */
+static uint64_t joined_len(Extree *t, const ExtreeRange *r)
+{
+    ExtreeRange *before = r->start ? rs_floor(&t->avail, r->start - 1) : NULL;
+    ExtreeRange *after = rs_after(&t->avail, r->start);
+    uint64_t len = r->len;
+
+    if (before && before->start + before->len == r->start) {
+        len += before->len;
+    }
+    if (after && after->start == r->start + r->len) {
+        len += after->len;
+    }
+    return len;
+}
+
+/*
  * Appends to @discard (ExtreeAllocOp) the node space the last commit freed
- * that is still allocatable, in runs of at least EXT_DISCARD_NODES_MIN,
- * and forgets the rest of it.  After the next commit, or when no commit
- * will come (close).
+ * that is still allocatable, where it lies in free space of at least
+ * EXT_DISCARD_NODES_MIN (with free data space next to it), and forgets the
+ * rest of it.  The whole free range of nfree goes, not only the part this
+ * commit freed: nodes freed one at a time
+ * over several commits join up into long runs that no single commit
+ * freed, and would otherwise keep their host space for good (a range that
+ * long loads as ordinary free space at the next open, which nothing
+ * discards).  After the next commit, or when no commit will come (close).
  */
 void extree_alloc_deferred(Extree *t, GArray *discard)
 {
+    uint64_t done = 0;      /* end of the last range given */
+
     for (guint i = 0; i < t->discard_later->len; i++) {
         ExtreeAllocOp *op = &g_array_index(t->discard_later, ExtreeAllocOp, i);
         uint64_t end = op->start + op->len;
-        ExtreeRange *r = rs_from(&t->nfree, op->start);
+        ExtreeRange *r = rs_from(&t->nfree, MAX(op->start, done));
 
         for (; r && r->start < end; r = rs_after(&t->nfree, r->start)) {
-            uint64_t s = MAX(r->start, op->start);
-            uint64_t e = MIN(r->start + r->len, end);
-            if (e - s >= MAX(t->node_size, EXT_DISCARD_NODES_MIN)) {
-                g_array_append_val(discard, ((ExtreeAllocOp){ s, e - s,
-                                                              true }));
+            if (joined_len(t, r) >= MAX(t->node_size, EXT_DISCARD_NODES_MIN)) {
+                discard_less_freed(t, r->start, r->start + r->len, discard);
+                done = r->start + r->len;
             }
         }
     }
