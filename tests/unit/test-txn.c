@@ -655,6 +655,17 @@ static void test_discard_after_commit(void)
     extree_mem_backend_free(be);
 }
 
+/* Clean now, closed, clean when opened again; then freed */
+static void check_close_reopen(ExtreeBackend *be, Extree *t)
+{
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    t = ct_open(be);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 /*
  * D4: at close no next commit will discard the node space the last one
  * freed: extree_discard_deferred() does, in free ranges of 256 KiB or more,
@@ -712,12 +723,7 @@ static void test_discard_deferred(void)
     extree_discard_deferred(t);
     extree_mem_backend_stats(be, &st);
     g_assert_cmpuint(st.discards, ==, 0);
-    ct_check_clean(t, NULL);
-    extree_close(t);
-    t = ct_open(be);
-    ct_check_clean(t, NULL);
-    extree_close(t);
-    extree_mem_backend_free(be);
+    check_close_reopen(be, t);
 }
 
 /*
@@ -758,12 +764,7 @@ static void test_discard_joined_runs(void)
                    long_bytes >> 10);
     }
     g_assert_cmpuint(long_bytes, >=, 256 * 1024);
-    ct_check_clean(t, NULL);
-    extree_close(t);
-    t = ct_open(be);
-    ct_check_clean(t, NULL);
-    extree_close(t);
-    extree_mem_backend_free(be);
+    check_close_reopen(be, t);
 }
 
 /*
@@ -842,12 +843,7 @@ static void test_trim_tail(void)
     extree_mem_backend_stats(be, &st);
     g_assert_cmpuint(st.truncates, ==, 0);
     g_assert_cmpuint(st.discards, ==, 0);
-    ct_check_clean(t, NULL);
-    extree_close(t);
-    t = ct_open(be);
-    ct_check_clean(t, NULL);
-    extree_close(t);
-    extree_mem_backend_free(be);
+    check_close_reopen(be, t);
 }
 
 /*
