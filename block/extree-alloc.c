@@ -959,14 +959,20 @@ void extree_alloc_deferred(Extree *t, GArray *discard)
 
 /*
  * Open: a range of the free-space tree is allocatable.  The tree does not
- * say what used it; a range shorter than EXT_DISCARD_NODES_MIN is treated
- * as freed node space (nfree), as it mostly is: holes between live nodes.
- * Data placed first fit into such holes would be freed again in as many
- * small pieces, each its own discard.
+ * say what used it; a range of one node up to EXT_DISCARD_NODES_MIN is
+ * treated as freed node space (nfree), as it mostly is: holes between live
+ * nodes.  Data placed first fit into such holes would be freed again in as
+ * many small pieces, each its own discard.  A range shorter than a node
+ * was data (the old copy of a block a write after a snapshot copied, say)
+ * and only data can use it again: in nfree, which data takes last, it
+ * would stay free for good, and the free-space tree, which every
+ * read-write open loads, would only grow.
  */
 void extree_alloc_add_loaded(Extree *t, uint64_t start, uint64_t len)
 {
-    rs_add(len < EXT_DISCARD_NODES_MIN ? &t->nfree : &t->avail, start, len);
+    bool node_space = len >= t->node_size && len < EXT_DISCARD_NODES_MIN;
+
+    rs_add(node_space ? &t->nfree : &t->avail, start, len);
 }
 
 /* Open: the free space is known (all of it added), or not (dropped) */

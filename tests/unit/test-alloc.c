@@ -88,15 +88,16 @@ static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
 }
 
 /*
- * After a reopen, a free range shorter than 256 KiB counts as node space:
- * data with no neighbour to follow goes first fit into the longer free
- * ranges, not into the lower short hole
+ * After a reopen, a free range of a node up to 256 KiB counts as node
+ * space: data with no neighbour to follow goes first fit into the longer
+ * free ranges, not into the lower short hole.  A hole shorter than a node
+ * is data's again: first fit fills it.
  */
 static void test_short_free_after_open(void)
 {
     ExtreeBackend *be = ct_create(1 << 30, BS, NS);
     Extree *t = ct_open(be);
-    uint64_t short_host, long_host, host, got;
+    uint64_t short_host, sub_host, long_host, host, got;
     ExtreeRun run;
     int n;
 
@@ -104,10 +105,14 @@ static void test_short_free_after_open(void)
     g_assert_cmpint(extree_commit(t), ==, 0);
     g_assert_cmpint(extree_lookup(t, 100 * BS, BS, &run, 1, &n), ==, 0);
     short_host = run.host;
+    g_assert_cmpint(extree_lookup(t, 300 * BS, BS, &run, 1, &n), ==, 0);
+    sub_host = run.host;
     g_assert_cmpint(extree_lookup(t, 500 * BS, BS, &run, 1, &n), ==, 0);
     long_host = run.host;
-    g_assert_cmpuint(short_host, <, long_host);
+    g_assert_cmpuint(short_host, <, sub_host);
+    g_assert_cmpuint(sub_host, <, long_host);
     g_assert_cmpint(extree_punch(t, 100 * BS, 4 * BS), ==, 0);
+    g_assert_cmpint(extree_punch(t, 300 * BS, BS), ==, 0);
     g_assert_cmpint(extree_punch(t, 500 * BS, 400 * BS), ==, 0);
     g_assert_cmpint(extree_commit(t), ==, 0);
     extree_close(t);
@@ -120,6 +125,7 @@ static void test_short_free_after_open(void)
      */
     t = ct_open(be);
     g_assert_true(extree_alloc_is_free(t, short_host, 4 * BS));
+    g_assert_true(extree_alloc_is_free(t, sub_host, BS));
     for (int i = 0;; i++) {
         uint64_t guest = (uint64_t)(5000 + 2 * i) * BS;
 
@@ -133,6 +139,7 @@ static void test_short_free_after_open(void)
         }
     }
     g_assert_true(extree_alloc_is_free(t, short_host, 4 * BS));
+    g_assert_false(extree_alloc_is_free(t, sub_host, BS));
     ct_check_clean(t, NULL);
     extree_close(t);
     extree_mem_backend_free(be);
