@@ -932,11 +932,11 @@ static uint64_t joined_len(Extree *t, const ExtreeRange *r)
  * that is still allocatable, where it lies in free space of at least
  * EXT_DISCARD_NODES_MIN (with free data space next to it), and forgets the
  * rest of it.  The whole free range of nfree goes, not only the part this
- * commit freed: nodes freed one at a time
- * over several commits join up into long runs that no single commit
- * freed, and would otherwise keep their host space for good (a range that
- * long loads as ordinary free space at the next open, which nothing
- * discards).  After the next commit, or when no commit will come (close).
+ * commit freed: nodes freed one at a time over several commits join up
+ * into long runs that no single commit freed, and would otherwise keep
+ * their host space for good (a range that long loads as ordinary free
+ * space at the next open, which nothing discards).  After the next
+ * commit, or when no commit will come (close).
  */
 void extree_alloc_deferred(Extree *t, GArray *discard)
 {
