@@ -434,6 +434,21 @@ uint64_t extree_grow_bound(const Extree *t, uint64_t bytes)
     return t->host_end + bytes + reserve_grow_size(t);
 }
 
+uint64_t extree_grow_bound_nodes(const Extree *t, uint64_t contig)
+{
+    uint64_t need = contig + reserve_grow_size(t);
+
+    /*
+     * Nodes and a contiguous run come from free space while any fits
+     * (extree_alloc_meta(), extree_alloc_contig()): one free range of
+     * the run and a reserve's worth of nodes leaves host_end where it is
+     */
+    if (MAX(rn_max(t->avail.root), rn_max(t->nfree.root)) >= need) {
+        return t->host_end;
+    }
+    return t->host_end + need;
+}
+
 /*
  * Grow the host file; the new space is used by the caller (nothing to log:
  * the free tree never covered it)

@@ -302,6 +302,18 @@ xt_grow_before(BDRVExtreeState *s, uint64_t bytes)
 }
 
 /*
+ * The same before an update that allocates nodes only, and @contig bytes
+ * in one run (a snapshot table): no growth while free space holds them
+ */
+void coroutine_fn GRAPH_RDLOCK
+xt_grow_before_nodes(BDRVExtreeState *s, uint64_t contig)
+{
+    if (!s->core_read_only) {
+        xt_grow_file(s, extree_grow_bound_nodes(s->t, contig));
+    }
+}
+
+/*
  * Cut what lies past host_end off the file (grow-ahead's tail, or one a
  * crash left), so that a closed image is no longer than its contents, and
  * discard the freed node space no later commit will.

@@ -245,7 +245,7 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s)
         xt_queue_wait(s, &s->commit_queue);
     }
     /* the free-space tree's nodes are allocated now */
-    xt_grow_before(s, 0);
+    xt_grow_before_nodes(s, 0);
     ret = extree_commit(s->t);
     if (--s->commit_waiting == 0) {
         qemu_co_queue_restart_all(&s->io_queue);
@@ -805,7 +805,7 @@ xt_update_range(BDRVExtreeState *s, uint64_t start, uint64_t end,
     assert(QEMU_IS_ALIGNED(start | end, s->block_size) && start < end);
     trace_extree_update_range(s, start, end, op);
     xt_wait_alloc(s, start, end);
-    xt_grow_before(s, 0);
+    xt_grow_before_nodes(s, 0);
     if (op == EXTREE_OP_ZERO) {
         return extree_set_zero(s->t, start, end - start);
     }

@@ -188,6 +188,9 @@ void coroutine_fn GRAPH_RDLOCK xt_grow_file(BDRVExtreeState *s, uint64_t end);
 /* Before an update that may allocate @bytes of data.  s->lock held */
 void coroutine_fn GRAPH_RDLOCK xt_grow_before(BDRVExtreeState *s,
                                               uint64_t bytes);
+/* ... that allocates nodes and @contig bytes in one run only */
+void coroutine_fn GRAPH_RDLOCK xt_grow_before_nodes(BDRVExtreeState *s,
+                                                  uint64_t contig);
 /*
  * Cut the file back to host_end, right after a successful commit.  Called
  * with s->lock held or from close

@@ -29,7 +29,9 @@ int extree_reftree_load(Extree *t)
     uint64_t count = 0, total = 0;
     int ret;
 
+    /* every leaf: the largest readahead batches (as the free tree's) */
     for (ret = extree_bt_first(t, rt, 0, &p, &it); ret == 0;
+         p.readahead = EXTREE_READAHEAD_MAX,
          ret = extree_bt_next(t, rt, &p, &it)) {
         if (extree_refs_add_loaded(t, it.key, it.length, it.host) < 0) {
             ret = extree_corrupt(t, p.nodes[0]->bytenr, "corrupt reference "

@@ -774,7 +774,7 @@ typedef struct ExtreeSkipped {
 static int read_supers(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
                        char **errmsg, ExtreeSkipped *skip)
 {
-    uint8_t *buf = g_malloc(EXTREE_SB_SIZE);
+    uint8_t *buf = g_malloc(2 * EXTREE_SB_SIZE);
     char *why[2] = { NULL, NULL };
     bool sum_ok[2] = { false, false };
     uint64_t raw_gen[2] = { 0, 0 };
@@ -783,15 +783,24 @@ static int read_supers(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
 
     memset(skip, 0, sizeof(*skip));
     *best = -1;
+    /*
+     * Both slots with one request (one wait fewer at every open); slot by
+     * slot after an error, so that a bad sector costs only its own slot
+     */
+    rc[0] = rc[1] = be->ops->pread(be->opaque, 0, buf, 2 * EXTREE_SB_SIZE);
     for (int i = 0; i < 2; i++) {
-        rc[i] = be->ops->pread(be->opaque, i * EXTREE_SB_SIZE, buf,
-                               EXTREE_SB_SIZE);
+        uint8_t *sbuf = buf + i * EXTREE_SB_SIZE;
+
+        if (rc[i] < 0) {
+            rc[i] = be->ops->pread(be->opaque, i * EXTREE_SB_SIZE, sbuf,
+                                   EXTREE_SB_SIZE);
+        }
         if (rc[i] < 0) {
             why[i] = g_strdup_printf("read error: %s", g_strerror(-rc[i]));
         } else {
-            rc[i] = sb_decode(buf, &sb[i], &why[i], &sum_ok[i]);
-            raw_gen[i] = ext_ld64(buf + SB_OFF(generation));
-            ver[i] = ext_ld32(buf + SB_OFF(version));
+            rc[i] = sb_decode(sbuf, &sb[i], &why[i], &sum_ok[i]);
+            raw_gen[i] = ext_ld64(sbuf + SB_OFF(generation));
+            ver[i] = ext_ld32(sbuf + SB_OFF(version));
         }
         if (rc[i] == 0 && (*best < 0 ||
                            sb[i].generation > sb[*best].generation)) {
@@ -885,6 +894,31 @@ static int check_root_counts(Extree *t)
     }
     g_array_free(roots, true);
     return ret;
+}
+
+/*
+ * The roots open reads next (the extent tree's; a writer's free and
+ * reference count trees' too) in one batch: one wait instead of one per
+ * tree.  Best effort, as all readahead: extree_node_get() reads and
+ * checks each again if need be.
+ */
+static void readahead_roots(Extree *t)
+{
+    ExtreeNodeExpect e[EXT_NTREES];
+    uint64_t bytenr[EXT_NTREES];
+    int n = 0;
+
+    for (uint32_t o = EXTREE_TREE_EXTENT; o < EXT_NTREES; o++) {
+        ExtreeTree *tree = &t->trees[o];
+
+        if (!tree->root || (o != EXTREE_TREE_EXTENT && t->read_only) ||
+            (o == EXTREE_TREE_REFS && !extree_has_refs(t))) {
+            continue;
+        }
+        extree_tree_expect(t, tree, &e[n]);
+        bytenr[n++] = tree->root;
+    }
+    extree_node_readahead(t, n, bytenr, e);
 }
 
 int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
@@ -986,6 +1020,7 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
      * know the free space; with @repair a damaged free tree leaves the
      * handle without an allocator, for extree_check() to rebuild it.
      */
+    readahead_roots(t);
     {
         ExtreeTree *et = &t->trees[EXTREE_TREE_EXTENT];
         ExtreeNodeExpect e;

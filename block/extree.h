@@ -418,11 +418,18 @@ int extree_map_data(Extree *t, uint64_t guest, uint64_t bytes, uint64_t host);
 void extree_set_host_limit(Extree *t, uint64_t limit);
 
 /*
- * How far host_end can move at most when @bytes of data (0: metadata
- * only) are allocated next: the data and a new metadata reserve.  A
+ * How far host_end can move at most when @bytes of data are allocated
+ * next: the data and a new metadata reserve.  A
  * caller that grows the backend ahead of allocations grows it this far.
  */
 uint64_t extree_grow_bound(const Extree *t, uint64_t bytes);
+/*
+ * The same when only nodes and @contig bytes in one run (a snapshot table)
+ * are allocated next: host_end itself while a free range holds them and a
+ * reserve's worth of nodes, so that an update that allocates no data does
+ * not make the backend grow (and shrink again at close).
+ */
+uint64_t extree_grow_bound_nodes(const Extree *t, uint64_t contig);
 int extree_set_zero(Extree *t, uint64_t guest, uint64_t bytes);
 int extree_punch(Extree *t, uint64_t guest, uint64_t bytes);
 

@@ -388,6 +388,49 @@ static void test_metadata_reserve(void)
 }
 
 /*
+ * An update that allocates nodes only (and a snapshot table's run) needs
+ * no growth while one free range holds it and a reserve's worth of nodes:
+ * the bound is host_end itself then, and such updates keep to it
+ */
+static void test_grow_bound_nodes(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    Extree *t = ct_open(be);
+    uint64_t end;
+
+    /* nothing free: the nodes come from the end of the file */
+    ct_write(t, 0, 64 << 20);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    end = extree_host_end(t);
+    g_assert_cmpuint(extree_grow_bound_nodes(t, 0), >, end);
+
+    /* most of the data discarded: one long free range inside the file */
+    ct_write(t, 64 << 20, BS);
+    g_assert_cmpint(extree_punch(t, 0, 60 << 20), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    end = extree_host_end(t);
+    g_assert_cmpuint(extree_grow_bound_nodes(t, 0), ==, end);
+    g_assert_cmpuint(extree_grow_bound_nodes(t, 8 * BS), ==, end);
+    /* a run no free range holds */
+    g_assert_cmpuint(extree_grow_bound_nodes(t, 100 << 20), >,
+                     end + (100 << 20));
+    /* data still counts the reserve on top */
+    g_assert_cmpuint(extree_grow_bound(t, BS), >, end);
+
+    /* node-only updates over many leaves keep within the bound */
+    for (int i = 0; i < 2000; i++) {
+        g_assert_cmpint(extree_set_zero(t, (uint64_t)(61 << 20) +
+                                        (uint64_t)i * 2 * BS, BS), ==, 0);
+    }
+    g_assert_cmpuint(extree_grow_bound_nodes(t, 0), ==, end);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpuint(extree_host_end(t), <=, end);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/*
  * A backend of fixed size (a block device): writes fill it up to the
  * metadata headroom, the last one partially, then fail with -ENOSPC; the
  * image commits and checks clean, nothing lies past the limit, and space
@@ -445,5 +488,6 @@ int main(int argc, char **argv)
     g_test_add_func("/alloc/fragmented-reuse", test_fragmented_reuse);
     g_test_add_func("/alloc/bounded-growth", test_bounded_growth);
     g_test_add_func("/alloc/metadata-reserve", test_metadata_reserve);
+    g_test_add_func("/alloc/grow-bound-nodes", test_grow_bound_nodes);
     return g_test_run();
 }

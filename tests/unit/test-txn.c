@@ -149,6 +149,63 @@ static void test_commit_reopen(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * Open reads both superblock slots with one request; when that read
+ * fails, slot by slot, so that an error costs only the slot it hits.
+ * Every read of an open made to fail in turn: the open fails cleanly or
+ * finds the newest generation, never garbage.
+ */
+static void test_open_read_faults(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    ExtreeMemStats st;
+    Extree *t = ct_open(be);
+    uint64_t gen, reads;
+    char *err = NULL;
+
+    for (int i = 0; i < 400; i++) {
+        ct_write(t, (uint64_t)i * 8 * BS, BS);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpint(extree_punch(t, 0, 800 * BS), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    gen = extree_generation(t);
+    extree_close(t);
+
+    extree_mem_backend_reset_stats(be);
+    t = ct_open(be);
+    extree_mem_backend_stats(be, &st);
+    extree_close(t);
+    reads = st.reads;
+    g_assert_cmpuint(reads, >=, 3);
+
+    for (uint64_t nth = 0; nth < reads; nth++) {
+        uint64_t faults = extree_mem_backend_faults(be);
+        int ret;
+
+        extree_mem_backend_inject_fault(be, EXTREE_FAULT_READ, nth, false);
+        ret = extree_open(be, NULL, &t, &err);
+        g_assert_cmpuint(extree_mem_backend_faults(be), ==, faults + 1);
+        extree_mem_backend_inject_fault(be, 0, 0, false);
+        if (nth == 0) {
+            /* the first read, of both slots: each is read again alone */
+            g_assert_cmpint(ret, ==, 0);
+        }
+        if (ret < 0) {
+            g_assert_cmpint(ret, ==, -EIO);
+            g_assert_nonnull(err);
+            g_free(err);
+            err = NULL;
+            continue;
+        }
+        g_assert_cmpuint(extree_generation(t), ==, gen);
+        g_assert_null(extree_open_warning(t));
+        ct_check_clean(t, NULL);
+        extree_close(t);
+    }
+    extree_mem_backend_free(be);
+}
+
 /* A torn newer superblock: open falls back to the older slot */
 static void test_torn_super(void)
 {
@@ -1240,6 +1297,7 @@ int main(int argc, char **argv)
     g_test_add_func("/txn/create-check", test_create_check);
     g_test_add_func("/txn/commit-reopen", test_commit_reopen);
     g_test_add_func("/txn/torn-super", test_torn_super);
+    g_test_add_func("/txn/open-read-faults", test_open_read_faults);
     g_test_add_func("/txn/features", test_features);
     g_test_add_func("/txn/dirty-limit", test_dirty_limit);
     g_test_add_func("/txn/commit-failure-retry", test_commit_failure_retry);
