@@ -256,7 +256,9 @@ def main():
         if not args.keep:
             for p in [raw, raw2] + list(imgs.values()):
                 os.unlink(p)
-    out = os.path.join(resdir, f"snapshot-{images.scale_name(div)}.csv")
+    # "1/8" names no file: as bench.py, "1-8"
+    sname = images.scale_name(div).replace("/", "-")
+    out = os.path.join(resdir, f"snapshot-{sname}.csv")
     with open(out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
