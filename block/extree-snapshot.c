@@ -81,7 +81,7 @@ xt_snapshot_begin(BDRVExtreeState *s, uint64_t table_bytes)
     xt_gate_close(s);
     ret = xt_commit_locked(s);
     if (ret == 0) {
-        xt_grow_before(s, table_bytes);
+        xt_grow_before_nodes(s, table_bytes);
     }
     return ret;
 }
