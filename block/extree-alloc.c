@@ -110,6 +110,44 @@ static uint32_t rs_rand(ExtreeRangeSet *s)
     return x;
 }
 
+/*
+ * A set's nodes come from slabs of its own, twice as large each time up
+ * to EXT_RANGE_SLAB_MAX, and freed nodes go to a list for reuse: a
+ * read-write open of an image with fragmented free space creates one node
+ * per free range, hundreds of thousands of them, and one malloc() and
+ * free() each cost about a third of the open.  The slabs go when the set
+ * is cleared (close).
+ */
+#define EXT_RANGE_SLAB_MIN      64
+#define EXT_RANGE_SLAB_MAX      65536
+
+static ExtreeRange *rn_alloc(ExtreeRangeSet *s)
+{
+    ExtreeRange *x = s->free_nodes;
+
+    if (x) {
+        s->free_nodes = x->right;
+        return x;
+    }
+    if (!s->slabs || s->slab_used == s->slab_len) {
+        if (!s->slabs) {
+            s->slabs = g_ptr_array_new_with_free_func(g_free);
+        }
+        s->slab_len = s->slab_len ? MIN(s->slab_len * 2, EXT_RANGE_SLAB_MAX)
+                                  : EXT_RANGE_SLAB_MIN;
+        g_ptr_array_add(s->slabs, g_new(ExtreeRange, s->slab_len));
+        s->slab_used = 0;
+    }
+    x = g_ptr_array_index(s->slabs, s->slabs->len - 1);
+    return &x[s->slab_used++];
+}
+
+static void rn_release(ExtreeRangeSet *s, ExtreeRange *x)
+{
+    x->right = s->free_nodes;
+    s->free_nodes = x;
+}
+
 static ExtreeRange *rn_insert(ExtreeRange *n, ExtreeRange *x)
 {
     if (!n) {
@@ -153,16 +191,17 @@ static ExtreeRange *rn_join(ExtreeRange *a, ExtreeRange *b)
     return b;
 }
 
-/* Remove the range starting at @start (which exists) */
-static ExtreeRange *rn_delete(ExtreeRange *n, uint64_t start)
+/* Remove the range starting at @start (which exists) from @s's @n */
+static ExtreeRange *rn_delete(ExtreeRangeSet *s, ExtreeRange *n,
+                              uint64_t start)
 {
     if (start < n->start) {
-        n->left = rn_delete(n->left, start);
+        n->left = rn_delete(s, n->left, start);
     } else if (start > n->start) {
-        n->right = rn_delete(n->right, start);
+        n->right = rn_delete(s, n->right, start);
     } else {
         ExtreeRange *j = rn_join(n->left, n->right);
-        g_free(n);
+        rn_release(s, n);
         return j;
     }
     rn_fix(n);
@@ -185,15 +224,6 @@ static void rn_update(ExtreeRange *n, uint64_t key, uint64_t start,
         n->len = len;
     }
     rn_fix(n);
-}
-
-static void rn_free_all(ExtreeRange *n)
-{
-    if (n) {
-        rn_free_all(n->left);
-        rn_free_all(n->right);
-        g_free(n);
-    }
 }
 
 /* The range with the greatest start <= @off, or NULL.  O(log n) */
@@ -267,7 +297,7 @@ static bool rs_overlaps(const ExtreeRangeSet *s, uint64_t start, uint64_t len)
 
 static void rs_insert(ExtreeRangeSet *s, uint64_t start, uint64_t len)
 {
-    ExtreeRange *x = g_new(ExtreeRange, 1);
+    ExtreeRange *x = rn_alloc(s);
 
     x->start = start;
     x->len = x->maxlen = len;
@@ -291,7 +321,7 @@ static void rs_add(ExtreeRangeSet *s, uint64_t start, uint64_t len)
     s->bytes += len;
     if (join_prev && join_next) {
         uint64_t nlen = next->len;
-        s->root = rn_delete(s->root, next->start);
+        s->root = rn_delete(s, s->root, next->start);
         s->count--;
         rn_update(s->root, prev->start, prev->start, prev->len + len + nlen);
     } else if (join_prev) {
@@ -303,6 +333,73 @@ static void rs_add(ExtreeRangeSet *s, uint64_t start, uint64_t len)
     }
 }
 
+/*
+ * Open: add [start, start + len) at or past the end of every range, as
+ * the free-space tree hands them out, merging with the last one.  The
+ * treap is built along its right spine: amortised O(1) and no search,
+ * where rs_add() costs O(log n) per range.  The spine's longest-range
+ * fields are stale until rs_append_done(); nothing else may use the set
+ * before.
+ */
+static void rs_append(ExtreeRangeSet *s, uint64_t start, uint64_t len)
+{
+    ExtreeRange *x, *last = NULL, *popped = NULL;
+
+    if (!s->spine) {
+        s->spine = g_ptr_array_new();
+        for (x = s->root; x; x = x->right) {
+            g_ptr_array_add(s->spine, x);
+        }
+    }
+    if (s->spine->len) {
+        last = g_ptr_array_index(s->spine, s->spine->len - 1);
+    }
+    g_assert(!last || last->start + last->len <= start);
+    s->bytes += len;
+    if (last && last->start + last->len == start) {
+        last->len += len;
+        return;
+    }
+    x = rn_alloc(s);
+    x->start = start;
+    x->len = x->maxlen = len;
+    x->prio = rs_rand(s);
+    x->right = NULL;
+    /* the spine's tail of lower priority becomes the new range's left */
+    while (s->spine->len) {
+        ExtreeRange *top = g_ptr_array_index(s->spine, s->spine->len - 1);
+
+        if (top->prio >= x->prio) {
+            break;
+        }
+        rn_fix(top);
+        popped = top;
+        g_ptr_array_set_size(s->spine, s->spine->len - 1);
+    }
+    x->left = popped;
+    if (s->spine->len) {
+        ExtreeRange *top = g_ptr_array_index(s->spine, s->spine->len - 1);
+        top->right = x;
+    } else {
+        s->root = x;
+    }
+    g_ptr_array_add(s->spine, x);
+    s->count++;
+}
+
+/* The appends are over: the spine's longest-range fields, bottom up */
+static void rs_append_done(ExtreeRangeSet *s)
+{
+    if (!s->spine) {
+        return;
+    }
+    for (guint i = s->spine->len; i-- > 0;) {
+        rn_fix(g_ptr_array_index(s->spine, i));
+    }
+    g_ptr_array_free(s->spine, true);
+    s->spine = NULL;
+}
+
 /* Remove [start, start + len), which lies inside one range.  O(log n). */
 static void rs_remove(ExtreeRangeSet *s, uint64_t start, uint64_t len)
 {
@@ -312,7 +409,7 @@ static void rs_remove(ExtreeRangeSet *s, uint64_t start, uint64_t len)
     g_assert(r->start <= start && end <= rend);
     s->bytes -= len;
     if (rs == start && rend == end) {
-        s->root = rn_delete(s->root, rs);
+        s->root = rn_delete(s, s->root, rs);
         s->count--;
     } else if (rs == start) {
         rn_update(s->root, rs, end, rend - end);
@@ -326,7 +423,13 @@ static void rs_remove(ExtreeRangeSet *s, uint64_t start, uint64_t len)
 
 static void rs_clear(ExtreeRangeSet *s)
 {
-    rn_free_all(s->root);
+    rs_append_done(s);
+    if (s->slabs) {
+        g_ptr_array_free(s->slabs, true);
+    }
+    s->slabs = NULL;
+    s->free_nodes = NULL;
+    s->slab_used = s->slab_len = 0;
     s->root = NULL;
     s->count = s->bytes = 0;
 }
@@ -987,12 +1090,15 @@ void extree_alloc_add_loaded(Extree *t, uint64_t start, uint64_t len)
 {
     bool node_space = len >= t->node_size && len < EXT_DISCARD_NODES_MIN;
 
-    rs_add(node_space ? &t->nfree : &t->avail, start, len);
+    /* in order: node validation keeps a tree's items sorted, disjoint */
+    rs_append(node_space ? &t->nfree : &t->avail, start, len);
 }
 
 /* Open: the free space is known (all of it added), or not (dropped) */
 void extree_alloc_set_loaded(Extree *t, bool loaded)
 {
+    rs_append_done(&t->avail);
+    rs_append_done(&t->nfree);
     if (!loaded) {
         rs_clear(&t->avail);
     }

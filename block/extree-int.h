@@ -360,6 +360,12 @@ typedef struct ExtreeRangeSet {
     ExtreeRange *root;
     uint64_t count, bytes;
     uint32_t rng;
+    /* open: the right spine while ranges are appended in order */
+    GPtrArray *spine;
+    /* the set's nodes: slabs, and a list of the free ones */
+    GPtrArray *slabs;
+    ExtreeRange *free_nodes;
+    uint32_t slab_used, slab_len;
 } ExtreeRangeSet;
 
 /* The result of the last extree_bt_find(), valid while t->seq is */

@@ -387,6 +387,111 @@ static void test_metadata_reserve(void)
     extree_mem_backend_free(be);
 }
 
+/* One free range of the model below, in the set open put it in */
+typedef struct LoadedRange {
+    uint64_t start, len;
+    bool nfree;
+} LoadedRange;
+
+/* The lowest range of @nfree's set with at least @len bytes, or -1 */
+static int model_first_fit(GArray *m, bool nfree, uint64_t len)
+{
+    for (guint i = 0; i < m->len; i++) {
+        LoadedRange *r = &g_array_index(m, LoadedRange, i);
+        if (r->nfree == nfree && r->len >= len) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/*
+ * Open builds the free sets from the free-space tree's ranges in order,
+ * along the treap's right spine, not by search and insert.  Over a
+ * thousand ranges of all lengths, then first-fit allocations of random sizes:
+ * each must be the lowest fit of a model read from the tree itself, and a
+ * write longer than any range must get the longest (a longest-range field
+ * left stale by the build would skip a fit, or find a shorter range).
+ */
+static void test_load_in_order(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    GRand *r = g_rand_new_with_seed(test_seed("load-in-order", 5));
+    GArray *m = g_array_new(false, false, sizeof(LoadedRange));
+    Extree *t = ct_open(be);
+    uint64_t off = 0, end = 128 << 20;
+    ExtreePath p = { { 0 } };
+    ExtreeItem it;
+    int ret;
+
+    ct_write(t, 0, end);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    while (off < end) {
+        uint64_t len = g_rand_int_range(r, 0, 4) ? g_rand_int_range(r, 1, 9)
+                                                : g_rand_int_range(r, 9, 100);
+        len = MIN(len * BS, end - off);
+        g_assert_cmpint(extree_punch(t, off, len), ==, 0);
+        off += len + g_rand_int_range(r, 1, 5) * BS;
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+
+    t = ct_open(be);
+    for (ret = extree_bt_first(t, &t->trees[EXTREE_TREE_FREE], 0, &p, &it);
+         ret == 0;
+         ret = extree_bt_next(t, &t->trees[EXTREE_TREE_FREE], &p, &it)) {
+        LoadedRange lr = {
+            it.key, it.length,
+            it.length >= NS && it.length < 256 * 1024,
+        };
+        g_array_append_val(m, lr);
+    }
+    extree_path_release(t, &p);
+    g_assert_cmpint(ret, ==, 1);                       /* the end */
+    g_assert_cmpuint(m->len, >, 1000);
+
+    /* a data write longer than any range takes the longest one */
+    {
+        uint64_t max[2] = { 0, 0 }, host, got;
+        bool nfree;
+        int k = -1;
+
+        for (guint i = 0; i < m->len; i++) {
+            LoadedRange *lr = &g_array_index(m, LoadedRange, i);
+            max[lr->nfree] = MAX(max[lr->nfree], lr->len);
+        }
+        nfree = max[0] < max[1];
+        k = model_first_fit(m, nfree, max[nfree]);
+        g_assert_cmpint(extree_alloc_take_any(t, 1 << 30, &host, &got), ==,
+                        0);
+        g_assert_cmphex(host, ==, g_array_index(m, LoadedRange, k).start);
+        g_assert_cmphex(got, ==, max[nfree]);
+        g_array_remove_index(m, k);
+    }
+
+    for (int i = 0; i < 2000; i++) {
+        uint64_t len = g_rand_int_range(r, 1, 120) * BS, host;
+        int k = model_first_fit(m, false, len);
+        LoadedRange *lr;
+
+        if (k < 0) {
+            k = model_first_fit(m, true, len);
+        }
+        if (k < 0) {
+            break;
+        }
+        g_assert_cmpint(extree_alloc_contig(t, len, &host), ==, 0);
+        lr = &g_array_index(m, LoadedRange, k);
+        g_assert_cmphex(host, ==, lr->start);
+        lr->start += len;
+        lr->len -= len;
+    }
+    g_array_free(m, true);
+    g_rand_free(r);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 /*
  * An update that allocates nodes only (and a snapshot table's run) needs
  * no growth while one free range holds it and a reserve's worth of nodes:
@@ -489,5 +594,6 @@ int main(int argc, char **argv)
     g_test_add_func("/alloc/bounded-growth", test_bounded_growth);
     g_test_add_func("/alloc/metadata-reserve", test_metadata_reserve);
     g_test_add_func("/alloc/grow-bound-nodes", test_grow_bound_nodes);
+    g_test_add_func("/alloc/load-in-order", test_load_in_order);
     return g_test_run();
 }
