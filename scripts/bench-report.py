@@ -616,7 +616,10 @@ def section(run, top):
                         "data block was overwritten since (``qemu-img "
                         "convert -n``).  write: 1,000 scattered 4 KiB "
                         "overwrites by one qemu-io, without a snapshot "
-                        "and right after one.  Targets (issue 21): "
+                        "and right after one.  F: an image whose free "
+                        "space is in as many pieces as its data (every "
+                        "other 4 KiB block discarded), create and revert "
+                        "only.  Targets (issue 21): "
                         "create and revert ≤ 20 ms, delete ≤ 2 s on S2, "
                         "host space after the delete within 1% of before "
                         "the snapshot."))

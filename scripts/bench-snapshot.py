@@ -28,8 +28,14 @@ CSV under --results:
             first to its data and mostly to its leaf: the copies sharing
             costs)
 
+Scenario F (fragmented free space): a 4 GiB image, 1,600 MiB written and
+then every other 4 KiB block of it discarded by one qemu-io (204,800
+extents and as many free ranges at full scale; sizes divided by the
+scale's divisor); create and revert as above.  The targets hold "at any
+image size and extent count", and a writer's open reads the free space.
+
     scripts/bench-snapshot.py [--scale full|quick|1/N] [--runs N]
-        [--scenarios S1,S2] [--formats extree,qcow2-64k,qcow2-4k]
+        [--scenarios S1,S2,F] [--formats extree,qcow2-64k,qcow2-4k]
         [--dir DIR] [--results DIR] [--keep] [--max-image-gib N]
 """
 
@@ -124,6 +130,52 @@ def writes(fmt, img, offs, byte):
     return dt
 
 
+def frag_free(args, fmts, div, rows):
+    """Scenario F: create and revert on images whose free space is in as
+    many pieces as their data"""
+    vsize = (4 << 30) // div
+    blocks = ((1600 << 20) // div) // 4096
+    desc = (f"F: {vsize >> 20} MiB virtual, {blocks * 4} KiB written, every "
+            f"other 4 KiB block of it discarded ({blocks // 2} extents, as "
+            "many free ranges)")
+    log(desc)
+    script = (f"write -q -P 1 0 {blocks * 4096}\n" +
+              "".join(f"discard -q {i * 4096} 4k\n"
+                      for i in range(0, blocks, 2)))
+    imgs = {}
+    for fmt in fmts:
+        img = os.path.join(args.dir, f"F.{fmt}")
+        fm, opts = FORMATS[fmt]
+        check([QIMG, "create", "-f", fm] + opts + [img, str(vsize)])
+        r = subprocess.run([QIO, "-f", fm, img], input=script,
+                           capture_output=True, text=True)
+        out = (r.stdout + r.stderr).lower()
+        if r.returncode != 0 or "fail" in out or "error" in out:
+            raise RuntimeError(f"qemu-io: {(r.stdout + r.stderr)[-300:]}")
+        imgs[fmt] = img
+    times = {(fmt, m): [] for fmt in imgs for m in ("create", "revert")}
+    for rep in range(args.runs):
+        for fmt, img in imgs.items():
+            times[(fmt, "create")].append(snap(fmt, img, "-c", "s"))
+            times[(fmt, "revert")].append(snap(fmt, img, "-a", "s"))
+            snap(fmt, img, "-d", "s")
+    for fmt, img in imgs.items():
+        rows.append({"scenario": "F", "format": fmt, "measure": "*",
+                     "n": 0, "median_s": "", "min_s": "", "max_s": "",
+                     "note": desc})
+        for m in ("create", "revert"):
+            v = times[(fmt, m)]
+            rows.append({"scenario": "F", "format": fmt, "measure": m,
+                         "n": len(v),
+                         "median_s": f"{statistics.median(v):.4f}",
+                         "min_s": f"{min(v):.4f}", "max_s": f"{max(v):.4f}",
+                         "note": ""})
+            log(f"F {fmt} {m}: median {statistics.median(v):.3f} s "
+                f"(min {min(v):.3f}, max {max(v):.3f}, n {len(v)})")
+        if not args.keep:
+            os.unlink(img)
+
+
 def private_binaries(d):
     """Copies of qemu-img and qemu-io: a rebuild during the run must not
     pull them out from under it"""
@@ -142,7 +194,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scale", default="full")
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--scenarios", default="S1,S2")
+    ap.add_argument("--scenarios", default="S1,S2,F")
     ap.add_argument("--formats", default="extree,qcow2-64k,qcow2-4k")
     ap.add_argument("--dir", default=os.path.join(TOP, "build", "bench-snap"))
     ap.add_argument("--results", default=None)
@@ -160,6 +212,9 @@ def main():
     rows = []
 
     for sc in args.scenarios.split(","):
+        if sc == "F":
+            frag_free(args, fmts, div, rows)
+            continue
         lay = images.layout(sc, div)
         log(f"{sc}: {lay.desc}")
         raw = os.path.join(args.dir, f"{sc}.raw")
