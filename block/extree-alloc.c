@@ -421,6 +421,36 @@ static void rs_remove(ExtreeRangeSet *s, uint64_t start, uint64_t len)
     }
 }
 
+/* The first range of @s that ends after @pos, or NULL */
+static ExtreeRange *rs_from(const ExtreeRangeSet *s, uint64_t pos)
+{
+    ExtreeRange *r = rs_floor(s, pos);
+
+    if (r && r->start + r->len > pos) {
+        return r;
+    }
+    return rs_after(s, pos);
+}
+
+/* Add what of [start, start + len) @s does not hold yet */
+static void rs_union(ExtreeRangeSet *s, uint64_t start, uint64_t len)
+{
+    uint64_t pos = start, end = start + len;
+
+    while (pos < end) {
+        ExtreeRange *r = rs_from(s, pos);
+
+        if (r && r->start <= pos) {
+            pos = r->start + r->len;
+        } else {
+            uint64_t e = r ? MIN(r->start, end) : end;
+
+            rs_add(s, pos, e - pos);
+            pos = e;
+        }
+    }
+}
+
 static void rs_clear(ExtreeRangeSet *s)
 {
     rs_append_done(s);
@@ -449,6 +479,7 @@ void extree_alloc_destroy(Extree *t)
     rs_clear(&t->avail);
     rs_clear(&t->nfree);
     rs_clear(&t->pending);
+    rs_clear(&t->touched);
     if (t->oplog) {
         g_array_free(t->oplog, true);
         g_array_free(t->freed_data, true);
@@ -466,11 +497,16 @@ static uint64_t resv_bytes(const Extree *t)
 uint64_t extree_alloc_free_bytes(const Extree *t)
 {
     return t->avail.bytes + t->nfree.bytes + t->pending.bytes +
-           resv_bytes(t);
+           resv_bytes(t) + t->unloaded_bytes;
 }
 
 static void log_op(Extree *t, uint64_t start, uint64_t len, bool is_free)
 {
+    if (t->alloc_partial && start < t->free_hi && start + len > t->free_lo) {
+        uint64_t s = MAX(start, t->free_lo);
+
+        rs_union(&t->touched, s, MIN(start + len, t->free_hi) - s);
+    }
     if (t->oplog->len) {
         ExtreeAllocOp *last = &g_array_index(t->oplog, ExtreeAllocOp,
                                              t->oplog->len - 1);
@@ -515,11 +551,6 @@ static uint64_t grow_room(Extree *t, bool data)
 uint64_t extree_alloc_headroom(uint32_t node_size)
 {
     return (uint64_t)(EXT_META_HEADROOM_NODES + EXT_RESERVE_MIN) * node_size;
-}
-
-void extree_set_host_limit(Extree *t, uint64_t limit)
-{
-    t->host_limit = limit;
 }
 
 /* The size of a new reserve at the end of the file (reserve_refill()) */
@@ -870,17 +901,6 @@ static gint op_cmp(gconstpointer a, gconstpointer b)
     return x->start < y->start ? -1 : x->start > y->start;
 }
 
-/* The first range of @s that ends after @pos, or NULL */
-static ExtreeRange *rs_from(const ExtreeRangeSet *s, uint64_t pos)
-{
-    ExtreeRange *r = rs_floor(s, pos);
-
-    if (r && r->start + r->len > pos) {
-        return r;
-    }
-    return rs_after(s, pos);
-}
-
 /*
  * The first free piece [*fs, *fe) of host space at or after @pos and
  * before @end, the three sets joined.  False if there is none.
@@ -1086,23 +1106,83 @@ void extree_alloc_deferred(Extree *t, GArray *discard)
  * would stay free for good, and the free-space tree, which every
  * read-write open loads, would only grow.
  */
-void extree_alloc_add_loaded(Extree *t, uint64_t start, uint64_t len)
+static ExtreeRangeSet *loaded_set(Extree *t, uint64_t len)
 {
     bool node_space = len >= t->node_size && len < EXT_DISCARD_NODES_MIN;
 
-    /* in order: node validation keeps a tree's items sorted, disjoint */
-    rs_append(node_space ? &t->nfree : &t->avail, start, len);
+    return node_space ? &t->nfree : &t->avail;
 }
 
-/* Open: the free space is known (all of it added), or not (dropped) */
+void extree_alloc_add_loaded(Extree *t, uint64_t start, uint64_t len)
+{
+    /* in order: node validation keeps a tree's items sorted, disjoint */
+    rs_append(loaded_set(t, len), start, len);
+}
+
+/*
+ * Open: the free space is known (all of it added, or the part
+ * extree_alloc_set_partial() says), or not (dropped)
+ */
 void extree_alloc_set_loaded(Extree *t, bool loaded)
 {
     rs_append_done(&t->avail);
     rs_append_done(&t->nfree);
     if (!loaded) {
         rs_clear(&t->avail);
+        rs_clear(&t->nfree);
+        rs_clear(&t->touched);
+        t->alloc_partial = false;
+        t->unloaded_bytes = 0;
     }
     t->alloc_loaded = loaded;
+}
+
+/*
+ * Open: the ranges added are the free space of [data_start, free_lo) and
+ * of [free_hi, ...); the tree's others hold @unloaded bytes.  With
+ * @free_lo >= @free_hi, the whole tree (again, after
+ * extree_freetree_load_rest()).
+ */
+void extree_alloc_set_partial(Extree *t, uint64_t free_lo, uint64_t free_hi,
+                              uint64_t unloaded)
+{
+    t->alloc_partial = free_lo < free_hi;
+    t->free_lo = free_lo;
+    t->free_hi = free_hi;
+    t->unloaded_bytes = t->alloc_partial ? unloaded : 0;
+    rs_clear(&t->touched);
+}
+
+/*
+ * Loading the rest: the free tree's item [start, start + len), as the tree
+ * says it now.  Its part in [free_lo, free_hi) not touched since the open
+ * is free space the sets did not hold: it joins them.  Untouched space in
+ * use, shared or already in the sets, or more of it than the superblock
+ * counted, is corruption: -EINVAL.  O(log n) per piece.
+ */
+int extree_alloc_add_unloaded(Extree *t, uint64_t start, uint64_t len)
+{
+    uint64_t pos = MAX(start, t->free_lo), end = MIN(start + len, t->free_hi);
+
+    while (pos < end) {
+        ExtreeRange *r = rs_from(&t->touched, pos);
+        ExtreeRefRange ref;
+        uint64_t e;
+
+        if (r && r->start <= pos) {
+            pos = r->start + r->len;
+            continue;
+        }
+        e = r ? MIN(r->start, end) : end;
+        if (e - pos > t->unloaded_bytes || extree_alloc_is_free(t, pos, e - pos) ||
+            (t->refs && extree_refs_next(t, pos, e, &ref))) {
+            return -EINVAL;
+        }
+        rs_add(loaded_set(t, e - pos), pos, e - pos);
+        t->unloaded_bytes -= e - pos;
+        pos = e;
+    }
+    return 0;
 }
 
 /*
@@ -1121,6 +1201,7 @@ void extree_alloc_reset_free(Extree *t, GArray *used)
     rs_clear(&t->avail);
     rs_clear(&t->nfree);
     rs_clear(&t->pending);
+    extree_alloc_set_partial(t, 0, 0, 0);
     t->resv_start = t->resv_end = 0;
     g_array_set_size(t->oplog, 0);
     g_array_set_size(t->freed_data, 0);

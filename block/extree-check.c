@@ -620,6 +620,10 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
 
     memset(res, 0, sizeof(*res));
     t->check_clean_gen = 0;
+    if (t->alloc_partial) {
+        /* repairs need all free space; damage found leaves none loaded */
+        extree_freetree_load_rest(t);
+    }
     if (!t->read_only && !t->broken && t->alloc_loaded) {
         ret = extree_commit(t);
         if (ret < 0) {

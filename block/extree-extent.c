@@ -212,6 +212,11 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
     if (ret < 0) {
         return ret;
     }
+    /* placement weighs all free space (a partial load has not seen it) */
+    ret = extree_freetree_load_rest(t);
+    if (ret < 0) {
+        return ret;
+    }
     ret = extree_bt_find(t, tree, guest, &prev, &hp, &next, &hn);
     if (ret < 0) {
         return ret;

@@ -13,18 +13,87 @@
 
 #include "extree-int.h"
 
+static int bad_free_bytes(Extree *t, uint64_t have, uint64_t expect)
+{
+    uint64_t off = (t->generation % 2) * EXTREE_SB_SIZE;
+
+    return extree_corrupt(t, off, "corrupt superblock at offset 0x%" PRIx64
+                          ": free_bytes mismatch, have %" PRIu64 " expect %"
+                          PRIu64 " (free tree)", off, have, expect);
+}
+
 /*
- * Open: the free-space tree becomes the avail set.  O(free items); the
- * extent tree is not read.  Node validation already guarantees sorted,
- * non-overlapping ranges inside the data area.
+ * Partial load: the items of the tree's first (@last false) or last leaf
+ * into the sets.  *@bound: where the free space the leaf tells all of
+ * ends (the first leaf: its last item's end; nothing free lies between
+ * that and the next leaf's first item) or begins (the last leaf: its first
+ * item's key; no earlier item reaches past it).
  */
-int extree_freetree_load(Extree *t, uint64_t expect_bytes)
+static int load_leaf(Extree *t, bool last, uint64_t *bound, uint64_t *total)
+{
+    ExtreeTree *ft = &t->trees[EXTREE_TREE_FREE];
+    ExtreePath p = { { 0 } };
+    int ret = extree_bt_seek(t, ft, last ? UINT64_MAX : 0, &p);
+
+    if (ret == 0) {
+        ExtreeNode *n = p.nodes[0];
+        uint32_t nr = node_nritems(n);
+
+        for (uint32_t i = 0; i < nr; i++) {
+            ExtreeItem it;
+
+            leaf_get(n, i, &it);
+            extree_alloc_add_loaded(t, it.key, it.length);
+            *total += it.length;
+            if (last ? i == 0 : i + 1 == nr) {
+                *bound = last ? it.key : it.key + it.length;
+            }
+        }
+    }
+    extree_path_release(t, &p);
+    return ret;
+}
+
+/*
+ * Open: the free-space tree becomes the allocator's sets.  @whole, or a
+ * tree of one leaf: all of it, O(free items).  Else only its first and
+ * last leaf, O(leaf): the low free space, which first fit hands out to
+ * nodes and snapshot tables, and the tail, which commit cuts off; a
+ * snapshot command then costs the same on an image whose free space is
+ * in hundreds of thousands of pieces as on any other.  The rest waits
+ * for extree_freetree_load_rest().  The extent tree is not read.  Node
+ * validation already guarantees sorted, non-overlapping ranges inside the
+ * data area.
+ */
+int extree_freetree_load(Extree *t, uint64_t expect_bytes, bool whole)
 {
     ExtreeTree *ft = &t->trees[EXTREE_TREE_FREE];
     ExtreePath p = { { 0 } };
     ExtreeItem it;
     uint64_t count = 0, total = 0;
     int ret;
+
+    if (!whole && ft->level > 0) {
+        uint64_t lo = t->data_start, hi = UINT64_MAX;
+
+        ret = load_leaf(t, false, &lo, &total);
+        if (ret == 0) {
+            ret = load_leaf(t, true, &hi, &total);
+        }
+        if (ret == 0 && total > expect_bytes) {
+            ret = bad_free_bytes(t, expect_bytes, total);
+        }
+        if (ret < 0) {
+            extree_alloc_set_loaded(t, false);
+            return ret;
+        }
+        /* the sum of the items and their count: known after the rest */
+        ft->total = expect_bytes;
+        ft->nitems = 0;
+        extree_alloc_set_loaded(t, true);
+        extree_alloc_set_partial(t, lo, hi, expect_bytes - total);
+        return 0;
+    }
 
     /*
      * A load visits every leaf: read them ahead in the largest batches
@@ -44,16 +113,56 @@ int extree_freetree_load(Extree *t, uint64_t expect_bytes)
     }
     if (total != expect_bytes) {
         extree_alloc_set_loaded(t, false);
-        return extree_corrupt(t, (t->generation % 2) * EXTREE_SB_SIZE,
-                              "corrupt superblock at offset 0x%" PRIx64
-                              ": free_bytes mismatch, have %" PRIu64
-                              " expect %" PRIu64 " (free tree)",
-                              (t->generation % 2) * EXTREE_SB_SIZE,
-                              expect_bytes, total);
+        return bad_free_bytes(t, expect_bytes, total);
     }
     ft->nitems = count;
     ft->total = total;
     extree_alloc_set_loaded(t, true);
+    return 0;
+}
+
+/*
+ * The free space a partial load left out joins the sets: every item of
+ * the tree as it is now, less what changed since the open (the sets know
+ * that).  Then the sets hold all free space, and the superblock's
+ * free_bytes is checked as a whole load checks it.  On failure the handle
+ * has no allocator (updates fail with -EIO).  O(free items).  Not while
+ * the free tree itself is being synced: no caller is.
+ */
+int extree_freetree_load_rest(Extree *t)
+{
+    ExtreeTree *ft = &t->trees[EXTREE_TREE_FREE];
+    ExtreePath p = { { 0 } };
+    ExtreeItem it;
+    uint64_t have;
+    int ret;
+
+    if (!t->alloc_partial) {
+        return t->alloc_loaded ? 0 : -EIO;
+    }
+    have = t->unloaded_bytes;
+    for (ret = extree_bt_first(t, ft, 0, &p, &it);
+         ret == 0 && it.key < t->free_hi;
+         p.readahead = EXTREE_READAHEAD_MAX,
+         ret = extree_bt_next(t, ft, &p, &it)) {
+        if (extree_alloc_add_unloaded(t, it.key, it.length) < 0) {
+            ret = extree_corrupt(t, p.nodes[0]->bytenr, "corrupt free tree "
+                                 "node at offset 0x%" PRIx64 ": free range "
+                                 "[0x%" PRIx64 ", +0x%" PRIx64 ") is in use"
+                                 " or beyond the superblock's free_bytes",
+                                 p.nodes[0]->bytenr, it.key, it.length);
+            break;
+        }
+    }
+    extree_path_release(t, &p);
+    if (ret >= 0 && t->unloaded_bytes) {
+        ret = bad_free_bytes(t, have, have - t->unloaded_bytes);
+    }
+    if (ret < 0) {
+        extree_alloc_set_loaded(t, false);
+        return ret;
+    }
+    extree_alloc_set_partial(t, 0, 0, 0);
     return 0;
 }
 

@@ -450,6 +450,19 @@ struct Extree {
     ExtreeRangeSet nfree;       /* allocatable now, freed node space */
     ExtreeRangeSet pending;     /* freed in this transaction */
     uint64_t resv_start, resv_end;  /* metadata reserve, free */
+    /*
+     * The free tree loaded in part (extree_freetree_load()): the sets
+     * hold the free space of [data_start, free_lo), of [free_hi, ...) and
+     * of @touched, every range of [free_lo, free_hi) whose state changed
+     * since the open (memory knows it better than the tree does until a
+     * sync); the tree's rest, @unloaded_bytes of free space, is read by
+     * extree_freetree_load_rest() before anything that wants the whole
+     * picture (data placement, the checker, a backend of fixed size).
+     * Nodes and the snapshot table come from the sets, else new space.
+     */
+    bool alloc_partial;
+    uint64_t free_lo, free_hi, unloaded_bytes;
+    ExtreeRangeSet touched;
     bool resv_nfree;            /* ... taken from nfree */
     /* ExtreeAllocOp since the last free-tree sync */
     GArray *oplog;
@@ -639,6 +652,9 @@ int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
                           uint64_t *got);
 void extree_alloc_add_loaded(Extree *t, uint64_t start, uint64_t len);
 void extree_alloc_set_loaded(Extree *t, bool loaded);
+void extree_alloc_set_partial(Extree *t, uint64_t free_lo, uint64_t free_hi,
+                              uint64_t unloaded);
+int extree_alloc_add_unloaded(Extree *t, uint64_t start, uint64_t len);
 GArray *extree_alloc_steal_log(Extree *t);
 bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
                             uint64_t *fs, uint64_t *fe);
@@ -661,7 +677,8 @@ int extree_reftree_load(Extree *t);
 int extree_reftree_sync(Extree *t);
 
 /* extree-freetree.c: the free-space tree on disk */
-int extree_freetree_load(Extree *t, uint64_t expect_bytes);
+int extree_freetree_load(Extree *t, uint64_t expect_bytes, bool whole);
+int extree_freetree_load_rest(Extree *t);
 int extree_freetree_sync(Extree *t);
 int extree_freetree_rebuild(Extree *t, GArray *used);
 

@@ -1054,7 +1054,7 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     }
     if (ret == 0 && !t->read_only) {
         extree_refs_init(t);
-        ret = extree_freetree_load(t, sb[best].free_bytes);
+        ret = extree_freetree_load(t, sb[best].free_bytes, t->repair);
         if (ret == 0 && extree_has_refs(t)) {
             ret = extree_reftree_load(t);
             if (ret < 0) {
@@ -1418,6 +1418,20 @@ unsigned extree_depth(const Extree *t)
     return t->trees[EXTREE_TREE_EXTENT].level + 1;
 }
 
+/*
+ * Growing stops at @limit: nodes can no longer take new space at the end
+ * of the file while unseen free space is left, so the free tree is read
+ * whole now.  A failure leaves the handle without an allocator (updates
+ * fail with -EIO).
+ */
+void extree_set_host_limit(Extree *t, uint64_t limit)
+{
+    t->host_limit = limit;
+    if (limit && t->alloc_partial) {
+        extree_freetree_load_rest(t);
+    }
+}
+
 uint64_t extree_free_bytes(const Extree *t)
 {
     return t->alloc_loaded ? extree_alloc_free_bytes(t) : t->csb->free_bytes;
@@ -1546,6 +1560,7 @@ void extree_stats(const Extree *t, ExtreeStats *st)
     *st = t->stats;
     st->cached_nodes = t->ncached;
     st->dirty_nodes = t->ndirty;
+    st->free_tree_partial = t->alloc_partial;
 }
 
 /*

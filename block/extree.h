@@ -265,6 +265,12 @@ typedef struct ExtreeStats {
     uint64_t path_hits;
     /* node misses served from images the caller read (prefetch) */
     uint64_t prefetched;
+    /*
+     * current: 1 while the handle knows only part of the free-space tree
+     * (an open reads its first and last leaf; data placement, the checker
+     * and a backend of fixed size read the rest)
+     */
+    uint64_t free_tree_partial;
 } ExtreeStats;
 void extree_stats(const Extree *t, ExtreeStats *st);
 

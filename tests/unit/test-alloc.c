@@ -437,6 +437,10 @@ static void test_load_in_order(void)
     extree_close(t);
 
     t = ct_open(be);
+    /* open read the first and last leaf: the rest joins by search */
+    g_assert_true(t->alloc_partial);
+    g_assert_cmpint(extree_freetree_load_rest(t), ==, 0);
+    g_assert_false(t->alloc_partial);
     for (ret = extree_bt_first(t, &t->trees[EXTREE_TREE_FREE], 0, &p, &it);
          ret == 0;
          ret = extree_bt_next(t, &t->trees[EXTREE_TREE_FREE], &p, &it)) {

@@ -7,7 +7,10 @@
  * reference model.  After every operation the runs around it, a random
  * probe and the extent count are compared; every few thousand operations
  * the whole image is walked in both coalescing modes; after every reopen
- * and at the end the checker must find nothing.
+ * and at the end the checker must find nothing.  A reopen that reads the
+ * free-space tree in part is followed by up to 300 operations that
+ * allocate no data (punches, zeroes, commits, reopens): they must leave it
+ * in part, and the checker (which reads the rest) must then find nothing.
  *
  * The seed is fixed and printed; EXTREE_TEST_SEED=<n> replays a run (or
  * EXTREE_TEST_SEED=random picks one, test-seed.h), EXTREE_MODEL_SCALE=<f>
@@ -70,6 +73,11 @@ typedef struct Run {
     GArray *host_changed;       /* host blocks whose HOST_CUR changed */
     uint64_t data_start;
     uint64_t seq_next;          /* block after the last insert */
+    /*
+     * Operations left that allocate no data, after an open that read the
+     * free tree in part: punches, zeroes and commits work on it as it is
+     */
+    uint64_t partial_left;
 
     uint64_t opno;
     char trace[TRACE_LEN][112];
@@ -78,6 +86,7 @@ typedef struct Run {
         uint64_t inserts, overwrites, seq, seq_extended, frees, punches;
         uint64_t zeroes;
         uint64_t commits, forced, reopens, dropped, walks, checks;
+        uint64_t partial_opens, partial_ops;
         uint64_t shrinks;       /* commits that lowered host_end */
         uint64_t host_end;      /* after the last commit */
         uint64_t max_extents;
@@ -434,6 +443,15 @@ static void do_open(Run *r)
     extree_cursor_init(&r->cur, r->t);
 }
 
+/* Does the handle know only part of the free-space tree? */
+static bool is_partial(Run *r)
+{
+    ExtreeStats st;
+
+    extree_stats(r->t, &st);
+    return st.free_tree_partial;
+}
+
 static void do_reopen(Run *r, bool commit)
 {
     char *diff;
@@ -491,7 +509,14 @@ static void do_reopen(Run *r, bool commit)
     host_rebuild(r);
     r->extents = model_extent_count(&r->model);
     check_walk(r);
-    check_tree(r);
+    r->partial_left = 0;
+    if (is_partial(r)) {
+        /* the checker reads all of it: only after some updates */
+        r->n.partial_opens++;
+        r->partial_left = 1 + model_rand_below(&r->rng, 300);
+    } else {
+        check_tree(r);
+    }
     r->n.reopens++;
 }
 
@@ -526,6 +551,19 @@ static void one_op(Run *r)
         return;
     }
 
+    if (r->partial_left) {
+        /* no data allocation: punch or zero instead */
+        dice = MAX(dice, 58 + model_rand_below(&r->rng, 42));
+        r->n.partial_ops++;
+        if (--r->partial_left == 0) {
+            if (!is_partial(r)) {
+                fail(r, "updates without data loaded the whole free tree");
+            }
+            /* the checker commits first: so does the model */
+            do_commit(r);
+            check_tree(r);
+        }
+    }
     pick_range(r, &blk, &n);
     seq = dice < 10 && r->seq_next < r->model.nblocks;
     if (seq) {
@@ -640,6 +678,10 @@ static void run_variant(gconstpointer opaque)
     r->opno++;
     trace(r, "final commit and reopen");
     do_reopen(r, true);
+    check_tree(r);
+    if (scale >= 1 && !r->n.partial_opens) {
+        fail(r, "no open read the free tree in part");
+    }
 
     g_test_message("variant %s: %" PRIu64 " inserts (%" PRIu64 " overwriting, %"
                    PRIu64 " sequential of which %" PRIu64 " extended the "
@@ -653,6 +695,9 @@ static void run_variant(gconstpointer opaque)
                    "shrank the file", v->name, r->n.commits, r->n.forced,
                    r->n.reopens, r->n.dropped, r->n.walks, r->n.checks,
                    r->n.shrinks);
+    g_test_message("variant %s: %" PRIu64 " opens read the free tree in "
+                   "part, %" PRIu64 " operations followed them", v->name,
+                   r->n.partial_opens, r->n.partial_ops);
     g_test_message("variant %s: up to %" PRIu64 " extents, depth up to %u, "
                    "%" PRIu64 " at the end; host end %" PRIu64 " MiB, %"
                    PRIu64 " MiB free, %" PRIu64 " MiB of data; %.2f s",
