@@ -75,8 +75,27 @@ int extree_freetree_load(Extree *t, uint64_t expect_bytes, bool whole)
 
     if (!whole && ft->level > 0) {
         uint64_t lo = t->data_start, hi = UINT64_MAX;
+        ExtreeNodeExpect e;
+        ExtreeNode *root;
 
-        ret = load_leaf(t, false, &lo, &total);
+        /*
+         * The root's child_bytes sum the tree (each child is checked
+         * against them when read): free_bytes is checked here, as a whole
+         * load checks it
+         */
+        extree_tree_expect(t, ft, &e);
+        ret = extree_node_get(t, ft->root, &e, &root);
+        if (ret == 0) {
+            uint64_t bytes = root->bytes;
+
+            extree_node_unref(t, root);
+            if (bytes != expect_bytes) {
+                ret = bad_free_bytes(t, expect_bytes, bytes);
+            }
+        }
+        if (ret == 0) {
+            ret = load_leaf(t, false, &lo, &total);
+        }
         if (ret == 0) {
             ret = load_leaf(t, true, &hi, &total);
         }

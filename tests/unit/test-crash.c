@@ -2,8 +2,9 @@
  * Crash-point enumeration and I/O failure tests of the extree core
  *
  * A workload of several transactions (maps with data, overwrites, punches,
- * zeroes, explicit commits and commits forced by a small dirty limit; and
- * one that makes the file shrink and grow) runs on a recording memory
+ * zeroes, explicit commits and commits forced by a small dirty limit; one
+ * that makes the file shrink and grow; one over free space in so many
+ * pieces that opens read the free-space tree in part) runs on a recording memory
  * backend.  Then for every prefix of the log of writes, flushes, discards
  * and truncates, with the entries after its last flush kept, dropped, torn
  * or torn with garbage, the resulting device must open, show exactly one
@@ -317,6 +318,65 @@ static void wl_shrink(Workload *w)
     wl_commit(w);
 }
 
+static bool free_tree_partial(Workload *w)
+{
+    ExtreeStats st;
+
+    extree_stats(w->t, &st);
+    return st.free_tree_partial;
+}
+
+/*
+ * Free space in a thousand pieces: an open reads the free-space tree in
+ * part.  Punches and zeroes free space in the unread part and take nodes
+ * from the read one, over commits, some forced; after a reopen, data
+ * placement reads the rest in the middle of a transaction of frees.
+ */
+static void wl_partial(Workload *w)
+{
+    uint64_t n = (1 << 20) / BS;
+
+    wl_insert(w, 0, n, false);
+    wl_commit(w);
+    for (uint64_t b = 0; b < n; b += 2) {
+        g_assert_cmpint(extree_punch(w->t, b * BS, BS), ==, 0);
+        model_set(&w->model, b, 1, EXTREE_RUN_UNALLOC, 0, 0);
+    }
+    wl_commit(w);
+    extree_close(w->t);
+    wl_open(w, NODE);
+    g_assert_true(free_tree_partial(w));
+    for (int i = 0; i < 150; i++) {
+        /* in the data: frees all over the free tree's unread part */
+        uint64_t len = 1 + model_rand_below(&w->rng, 8);
+        uint64_t blk = model_rand_below(&w->rng, n - len);
+        uint64_t gen = extree_generation(w->t);
+        size_t from = extree_mem_backend_log_length(w->be);
+        bool zero = i % 3 == 0;
+
+        g_assert_cmpint((zero ? extree_set_zero : extree_punch)(
+                            w->t, blk * BS, len * BS), ==, 0);
+        model_set(&w->model, blk, len,
+                  zero ? EXTREE_RUN_ZERO : EXTREE_RUN_UNALLOC, 0, 0);
+        wl_after_update(w, gen, from);
+        if (i % 50 == 49) {
+            wl_commit(w);
+        }
+    }
+    g_assert_true(free_tree_partial(w));
+    extree_close(w->t);
+    wl_open(w, 0);
+    g_assert_true(free_tree_partial(w));
+    for (int i = 0; i < 20; i++) {
+        wl_random_op(w, 0);
+    }
+    for (int i = 0; i < 20; i++) {
+        wl_random_op(w, 50);
+    }
+    g_assert_false(free_tree_partial(w));
+    wl_commit(w);
+}
+
 typedef struct Script {
     void (*run)(Workload *w);
     bool truncates;             /* must make the file shorter */
@@ -324,6 +384,7 @@ typedef struct Script {
 
 static const Script script_mixed = { wl_mixed, false };
 static const Script script_shrink = { wl_shrink, true };
+static const Script script_partial = { wl_partial, false };
 
 static void wl_free(Workload *w)
 {
@@ -883,6 +944,8 @@ int main(int argc, char **argv)
     g_test_add_data_func("/crash/enumerate/mixed", &script_mixed,
                          test_enumerate);
     g_test_add_data_func("/crash/enumerate/shrink", &script_shrink,
+                         test_enumerate);
+    g_test_add_data_func("/crash/enumerate/partial", &script_partial,
                          test_enumerate);
     g_test_add_func("/crash/faults", test_faults);
     g_test_add_func("/crash/read-faults", test_read_faults);

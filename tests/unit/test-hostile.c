@@ -322,6 +322,136 @@ static void test_root_item_lost(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * Free space in 1,024 pieces: a read-write open reads the free-space
+ * tree's first and last leaf only
+ */
+static ExtreeBackend *make_fragmented(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+
+    ct_write(t, 0, 1 << 20);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    for (uint64_t g = 0; g < (1 << 20); g += 2 * BS) {
+        g_assert_cmpint(extree_punch(t, g, BS), ==, 0);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    return be;
+}
+
+static bool free_tree_partial(Extree *t)
+{
+    ExtreeStats st;
+
+    extree_stats(t, &st);
+    return st.free_tree_partial;
+}
+
+/* free_bytes one block off: an open that reads part of the tree refuses */
+static void test_partial_free_bytes(void)
+{
+    ExtreeBackend *be = make_fragmented();
+    ExtreeDiskSuper sb;
+    uint64_t fb;
+    Extree *t;
+    char *err;
+
+    ct_read_super(be, &sb);
+    fb = GUINT64_FROM_LE(sb.free_bytes);
+    t = ct_open(be);
+    g_assert_true(free_tree_partial(t));
+    extree_close(t);
+    for (int d = -1; d <= 1; d += 2) {
+        set_super_u64(be, false, offsetof(ExtreeDiskSuper, free_bytes),
+                      fb + d * BS);
+        g_assert_cmpint(try_open(be, false, &t, &err), ==, -EIO);
+        g_assert_nonnull(strstr(err, "free_bytes mismatch"));
+        g_free(err);
+    }
+    extree_mem_backend_free(be);
+}
+
+/*
+ * A free range of the tree's unread part reaches over a live block, its
+ * parent's child_bytes and the superblock's free_bytes agreeing: a punch
+ * of that block is a double free the allocator cannot see.  The commit's
+ * accounting must refuse it, leaving the committed state.
+ */
+static void test_partial_double_free(void)
+{
+    ExtreeBackend *be = make_fragmented();
+    ExtreeDiskSuper sb;
+    uint64_t root, leaf, live = 0, guest = UINT64_MAX, gen, host;
+    uint8_t *rbuf, *lbuf;
+    ExtreeRun run;
+    Extree *t;
+    int nr, ci, i;
+
+    ct_read_super(be, &sb);
+    root = GUINT64_FROM_LE(sb.free_root.bytenr);
+    rbuf = ct_node_read(be, root, NS);
+    nr = ext_ld32(rbuf + EXT_NH_NRITEMS);
+    g_assert_cmpint(nr, >=, 4);
+    g_assert_cmpint(rbuf[EXT_NH_LEVEL], ==, 1);
+    ci = nr / 2;
+    leaf = ext_ld64(rbuf + EXTREE_NODE_HEADER_SIZE + ci * EXT_PTR_ISZ +
+                    EXT_KP_CHILD);
+    lbuf = ct_node_read(be, leaf, NS);
+    for (i = 0; i + 1 < (int)ext_ld32(lbuf + EXT_NH_NRITEMS); i++) {
+        ExtreeDiskItem *a = ct_item(lbuf, i), *b = ct_item(lbuf, i + 1);
+        uint64_t end = GUINT64_FROM_LE(a->key) + GUINT64_FROM_LE(a->length);
+
+        if (GUINT64_FROM_LE(b->key) >= end + BS) {
+            live = end;
+            a->length = GUINT64_TO_LE(GUINT64_FROM_LE(a->length) + BS);
+            break;
+        }
+    }
+    g_assert_cmpuint(live, !=, 0);
+    ct_node_write(be, leaf, lbuf, NS, true);
+    ext_st64(rbuf + EXTREE_NODE_HEADER_SIZE + ci * EXT_PTR_ISZ + EXT_KP_BYTES,
+             ext_ld64(rbuf + EXTREE_NODE_HEADER_SIZE + ci * EXT_PTR_ISZ +
+                      EXT_KP_BYTES) + BS);
+    ct_node_write(be, root, rbuf, NS, true);
+    set_super_u64(be, false, offsetof(ExtreeDiskSuper, free_bytes),
+                  GUINT64_FROM_LE(sb.free_bytes) + BS);
+    g_free(lbuf);
+    g_free(rbuf);
+
+    t = ct_open(be);
+    g_assert_true(free_tree_partial(t));
+    gen = extree_generation(t);
+    for (uint64_t g = BS; g < (1 << 20); g += 2 * BS) {
+        g_assert_cmpint(lookup1(t, g, &run), ==, 0);
+        if (run.type == EXTREE_RUN_DATA && run.host == live) {
+            guest = g;
+        }
+    }
+    g_assert_cmpuint(guest, !=, UINT64_MAX);
+    g_assert_cmpint(extree_punch(t, guest, BS), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, -EIO);
+    g_assert_nonnull(strstr(extree_last_error(t), "accounting mismatch"));
+    extree_close(t);
+
+    t = ct_open(be);
+    g_assert_cmpuint(extree_generation(t), ==, gen);
+    g_assert_cmpint(lookup1(t, guest, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
+    g_assert_cmpuint(run.host, ==, live);
+    /*
+     * Once data placement has read the rest, the allocator sees the
+     * double free as a whole load does: at the punch
+     */
+    g_assert_cmpint(extree_alloc_data(t, 2 << 20, BS, &host, &gen), ==, 0);
+    g_assert_false(free_tree_partial(t));
+    g_assert_cmpint(extree_punch(t, guest, BS), ==, -EIO);
+    g_assert_nonnull(strstr(extree_last_error(t), "freed twice"));
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -331,5 +461,8 @@ int main(int argc, char **argv)
     g_test_add_func("/hostile/backing-junk", test_backing_junk);
     g_test_add_func("/hostile/new-node-over-live", test_new_node_over_live);
     g_test_add_func("/hostile/root-item-lost", test_root_item_lost);
+    g_test_add_func("/hostile/partial-free-bytes", test_partial_free_bytes);
+    g_test_add_func("/hostile/partial-double-free",
+                    test_partial_double_free);
     return g_test_run();
 }
