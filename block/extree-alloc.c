@@ -20,7 +20,9 @@
  *            of data that grows at the end of the file.
  * All four are free in the state the next commit writes.  Every change is
  * also logged as a host range; commit rewrites the logged ranges of the
- * free-space tree from the four sets (extree_alloc_sync).
+ * free-space tree from the four sets (extree_freetree_sync()).  After a
+ * partial load (t->alloc_partial, extree-freetree.c) the sets hold only
+ * part of the free space, and the rest is counted in t->unloaded_bytes.
  *
  * avail, nfree and pending are range sets: treaps keyed by start whose
  * nodes also
