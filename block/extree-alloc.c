@@ -482,6 +482,8 @@ void extree_alloc_destroy(Extree *t)
     rs_clear(&t->nfree);
     rs_clear(&t->pending);
     rs_clear(&t->touched);
+    rs_clear(&t->rest_avail);
+    rs_clear(&t->rest_nfree);
     if (t->oplog) {
         g_array_free(t->oplog, true);
         g_array_free(t->freed_data, true);
@@ -1156,11 +1158,41 @@ void extree_alloc_set_partial(Extree *t, uint64_t free_lo, uint64_t free_hi,
 }
 
 /*
+ * Loading the rest rebuilds avail and nfree in one ordered pass, as open
+ * builds them (rs_append(), no search per range): their ranges move to
+ * the old sets here and come back in key order, interleaved with the
+ * tree's (extree_alloc_add_unloaded()), until extree_alloc_rest_end().
+ */
+void extree_alloc_rest_begin(Extree *t)
+{
+    t->rest_avail = t->avail;
+    t->rest_nfree = t->nfree;
+    memset(&t->avail, 0, sizeof(t->avail));
+    memset(&t->nfree, 0, sizeof(t->nfree));
+}
+
+/* The old sets' ranges that start before @pos back into the sets */
+static void rest_flush(Extree *t, uint64_t pos)
+{
+    for (;;) {
+        ExtreeRange *a = rs_from(&t->rest_avail, t->rest_done);
+        ExtreeRange *n = rs_from(&t->rest_nfree, t->rest_done);
+        ExtreeRange *r = a && (!n || a->start < n->start) ? a : n;
+
+        if (!r || r->start >= pos) {
+            return;
+        }
+        rs_append(r == a ? &t->avail : &t->nfree, r->start, r->len);
+        t->rest_done = r->start + r->len;
+    }
+}
+
+/*
  * Loading the rest: the free tree's item [start, start + len), as the tree
- * says it now.  Its part in [free_lo, free_hi) not touched since the open
- * is free space the sets did not hold: it joins them.  Untouched space in
- * use, shared or already in the sets, or more of it than the superblock
- * counted, is corruption: -EINVAL.  O(log n) per piece.
+ * says it now, in key order.  Its part in [free_lo, free_hi) not touched
+ * since the open is free space the sets did not hold: it joins them.
+ * Untouched space in use, shared or already in the sets, or more of it
+ * than the superblock counted, is corruption: -EINVAL.
  */
 int extree_alloc_add_unloaded(Extree *t, uint64_t start, uint64_t len)
 {
@@ -1176,15 +1208,30 @@ int extree_alloc_add_unloaded(Extree *t, uint64_t start, uint64_t len)
             continue;
         }
         e = r ? MIN(r->start, end) : end;
-        if (e - pos > t->unloaded_bytes || extree_alloc_is_free(t, pos, e - pos) ||
+        if (e - pos > t->unloaded_bytes ||
+            rs_overlaps(&t->rest_avail, pos, e - pos) ||
+            rs_overlaps(&t->rest_nfree, pos, e - pos) ||
+            extree_alloc_is_free(t, pos, e - pos) ||
             (t->refs && extree_refs_next(t, pos, e, &ref))) {
             return -EINVAL;
         }
-        rs_add(loaded_set(t, e - pos), pos, e - pos);
+        rest_flush(t, pos);
+        rs_append(loaded_set(t, e - pos), pos, e - pos);
         t->unloaded_bytes -= e - pos;
         pos = e;
     }
     return 0;
+}
+
+/* The rest is in: the old sets' remaining ranges follow */
+void extree_alloc_rest_end(Extree *t)
+{
+    rest_flush(t, UINT64_MAX);
+    rs_append_done(&t->avail);
+    rs_append_done(&t->nfree);
+    rs_clear(&t->rest_avail);
+    rs_clear(&t->rest_nfree);
+    t->rest_done = 0;
 }
 
 /*

@@ -160,6 +160,7 @@ int extree_freetree_load_rest(Extree *t)
         return t->alloc_loaded ? 0 : -EIO;
     }
     have = t->unloaded_bytes;
+    extree_alloc_rest_begin(t);
     for (ret = extree_bt_first(t, ft, 0, &p, &it);
          ret == 0 && it.key < t->free_hi;
          p.readahead = EXTREE_READAHEAD_MAX,
@@ -174,6 +175,7 @@ int extree_freetree_load_rest(Extree *t)
         }
     }
     extree_path_release(t, &p);
+    extree_alloc_rest_end(t);
     if (ret >= 0 && t->unloaded_bytes) {
         ret = bad_free_bytes(t, have, have - t->unloaded_bytes);
     }

@@ -463,6 +463,9 @@ struct Extree {
     bool alloc_partial;
     uint64_t free_lo, free_hi, unloaded_bytes;
     ExtreeRangeSet touched;
+    /* while the rest loads: avail and nfree as they were, and how far */
+    ExtreeRangeSet rest_avail, rest_nfree;
+    uint64_t rest_done;
     bool resv_nfree;            /* ... taken from nfree */
     /* ExtreeAllocOp since the last free-tree sync */
     GArray *oplog;
@@ -654,7 +657,9 @@ void extree_alloc_add_loaded(Extree *t, uint64_t start, uint64_t len);
 void extree_alloc_set_loaded(Extree *t, bool loaded);
 void extree_alloc_set_partial(Extree *t, uint64_t free_lo, uint64_t free_hi,
                               uint64_t unloaded);
+void extree_alloc_rest_begin(Extree *t);
 int extree_alloc_add_unloaded(Extree *t, uint64_t start, uint64_t len);
+void extree_alloc_rest_end(Extree *t);
 GArray *extree_alloc_steal_log(Extree *t);
 bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
                             uint64_t *fs, uint64_t *fe);
