@@ -1208,10 +1208,12 @@ int extree_alloc_add_unloaded(Extree *t, uint64_t start, uint64_t len)
             continue;
         }
         e = r ? MIN(r->start, end) : end;
+        /* avail and nfree hold nothing past the last piece yet */
         if (e - pos > t->unloaded_bytes ||
             rs_overlaps(&t->rest_avail, pos, e - pos) ||
             rs_overlaps(&t->rest_nfree, pos, e - pos) ||
-            extree_alloc_is_free(t, pos, e - pos) ||
+            rs_overlaps(&t->pending, pos, e - pos) ||
+            (pos < t->resv_end && t->resv_start < e) ||
             (t->refs && extree_refs_next(t, pos, e, &ref))) {
             return -EINVAL;
         }
