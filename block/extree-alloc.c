@@ -572,19 +572,22 @@ uint64_t extree_grow_bound(const Extree *t, uint64_t bytes)
     return t->host_end + bytes + reserve_grow_size(t);
 }
 
-uint64_t extree_grow_bound_nodes(const Extree *t, uint64_t contig)
+/*
+ * The free range an update that allocates only nodes and @contig bytes in
+ * one run needs so that host_end stays: nodes and a contiguous run come
+ * from free space while any fits (extree_alloc_meta(),
+ * extree_alloc_contig()), so one range of the run and a reserve's worth
+ * of nodes does (extree_grow_bound_nodes())
+ */
+uint64_t extree_alloc_nodes_need(const Extree *t, uint64_t contig)
 {
-    uint64_t need = contig + reserve_grow_size(t);
+    return contig + reserve_grow_size(t);
+}
 
-    /*
-     * Nodes and a contiguous run come from free space while any fits
-     * (extree_alloc_meta(), extree_alloc_contig()): one free range of
-     * the run and a reserve's worth of nodes leaves host_end where it is
-     */
-    if (MAX(rn_max(t->avail.root), rn_max(t->nfree.root)) >= need) {
-        return t->host_end;
-    }
-    return t->host_end + need;
+/* Do the sets hold a free range of @len bytes or more? */
+bool extree_alloc_fits(const Extree *t, uint64_t len)
+{
+    return MAX(rn_max(t->avail.root), rn_max(t->nfree.root)) >= len;
 }
 
 /*
@@ -1188,13 +1191,14 @@ static void rest_flush(Extree *t, uint64_t pos)
 }
 
 /*
- * Loading the rest: the free tree's item [start, start + len), as the tree
- * says it now, in key order.  Its part in [free_lo, free_hi) not touched
- * since the open is free space the sets did not hold: it joins them.
+ * A free range of the tree's unread part, [start, start + len), as the
+ * tree says it now: its part in [free_lo, free_hi) not touched since the
+ * open is free space the sets did not hold, and joins them.  @in_order:
+ * while the rest loads (extree_alloc_rest_begin()), in key order.
  * Untouched space in use, shared or already in the sets, or more of it
  * than the superblock counted, is corruption: -EINVAL.
  */
-int extree_alloc_add_unloaded(Extree *t, uint64_t start, uint64_t len)
+static int add_unread(Extree *t, uint64_t start, uint64_t len, bool in_order)
 {
     uint64_t pos = MAX(start, t->free_lo), end = MIN(start + len, t->free_hi);
 
@@ -1202,25 +1206,67 @@ int extree_alloc_add_unloaded(Extree *t, uint64_t start, uint64_t len)
         ExtreeRange *r = rs_from(&t->touched, pos);
         ExtreeRefRange ref;
         uint64_t e;
+        bool bad;
 
         if (r && r->start <= pos) {
             pos = r->start + r->len;
             continue;
         }
         e = r ? MIN(r->start, end) : end;
-        /* avail and nfree hold nothing past the last piece yet */
-        if (e - pos > t->unloaded_bytes ||
-            rs_overlaps(&t->rest_avail, pos, e - pos) ||
-            rs_overlaps(&t->rest_nfree, pos, e - pos) ||
-            rs_overlaps(&t->pending, pos, e - pos) ||
-            (pos < t->resv_end && t->resv_start < e) ||
+        if (in_order) {
+            /* avail and nfree hold nothing past the last piece yet */
+            bad = rs_overlaps(&t->rest_avail, pos, e - pos) ||
+                  rs_overlaps(&t->rest_nfree, pos, e - pos) ||
+                  rs_overlaps(&t->pending, pos, e - pos) ||
+                  (pos < t->resv_end && t->resv_start < e);
+        } else {
+            bad = extree_alloc_is_free(t, pos, e - pos);
+        }
+        if (bad || e - pos > t->unloaded_bytes ||
             (t->refs && extree_refs_next(t, pos, e, &ref))) {
             return -EINVAL;
         }
-        rest_flush(t, pos);
-        rs_append(loaded_set(t, e - pos), pos, e - pos);
+        if (in_order) {
+            rest_flush(t, pos);
+            rs_append(loaded_set(t, e - pos), pos, e - pos);
+        } else {
+            rs_add(loaded_set(t, e - pos), pos, e - pos);
+        }
         t->unloaded_bytes -= e - pos;
         pos = e;
+    }
+    return 0;
+}
+
+/* Loading the rest: the next free range of the tree, in key order */
+int extree_alloc_add_unloaded(Extree *t, uint64_t start, uint64_t len)
+{
+    return add_unread(t, start, len, true);
+}
+
+/*
+ * One leaf of the unread part, read out of turn (extree_freetree_load_fit()):
+ * its free ranges join the sets, and memory knows all free space of
+ * [@first, @end) from now on, where no other leaf has any
+ */
+int extree_alloc_add_leaf(Extree *t, const ExtreeItem *items, int nr)
+{
+    uint64_t first, end;
+
+    if (!nr) {
+        return 0;
+    }
+    for (int i = 0; i < nr; i++) {
+        int ret = add_unread(t, items[i].key, items[i].length, false);
+
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    first = MAX(items[0].key, t->free_lo);
+    end = MIN(items[nr - 1].key + items[nr - 1].length, t->free_hi);
+    if (first < end) {
+        rs_union(&t->touched, first, end - first);
     }
     return 0;
 }

@@ -500,6 +500,62 @@ int extree_bt_next_leaf_covered(Extree *t, ExtreeTree *tree, ExtreePath *p,
     return next_leaf_skip(t, tree, p, end, limit);
 }
 
+static int leaves_with_bytes(Extree *t, ExtreeTree *tree, ExtreeNode *n,
+                             uint64_t end, uint64_t min_bytes, uint64_t lo,
+                             uint64_t hi, ExtreeLeafFn *fn, void *opaque)
+{
+    int nr = node_nritems(n);
+
+    if (node_level(n) == 0) {
+        return fn(t, n, opaque);
+    }
+    for (int i = 0; i < nr; i++) {
+        uint64_t kend = i + 1 < nr ? ptr_key(n, i + 1) : end;
+        ExtreeNode *c;
+        int ret;
+
+        if (ptr_bytes(n, i) < min_bytes || kend <= lo || ptr_key(n, i) >= hi) {
+            continue;
+        }
+        ret = get_child(t, tree, n, i, end, &c);
+        if (ret == 0) {
+            ret = leaves_with_bytes(t, tree, c, kend, min_bytes, lo, hi, fn,
+                                    opaque);
+            extree_node_unref(t, c);
+        }
+        if (ret) {
+            return ret;
+        }
+    }
+    return 0;
+}
+
+/*
+ * @fn on the leaves of @tree whose items sum to @min_bytes or more (their
+ * child_bytes), with keys in [@lo, @hi), in key order, until it returns
+ * nonzero (returned then).  Subtrees that hold less are stepped over
+ * unread: a search for one long free range among short ones reads
+ * nothing below the root.  0 when all are seen, <0 on error.
+ */
+int extree_bt_leaves_with_bytes(Extree *t, ExtreeTree *tree,
+                                uint64_t min_bytes, uint64_t lo, uint64_t hi,
+                                ExtreeLeafFn *fn, void *opaque)
+{
+    ExtreeNodeExpect e;
+    ExtreeNode *root;
+    int ret;
+
+    extree_tree_expect(t, tree, &e);
+    ret = extree_node_get(t, tree->root, &e, &root);
+    if (ret < 0) {
+        return ret;
+    }
+    ret = leaves_with_bytes(t, tree, root, UINT64_MAX, min_bytes, lo, hi, fn,
+                            opaque);
+    extree_node_unref(t, root);
+    return ret;
+}
+
 /*
  * Read-only path to the leaf slot of the first item with key >= @key
  * (possibly one past the leaf's last item): one descent

@@ -187,6 +187,51 @@ int extree_freetree_load_rest(Extree *t)
     return 0;
 }
 
+static int load_fit_leaf(Extree *t, ExtreeNode *leaf, void *opaque)
+{
+    uint64_t *len = opaque;
+    uint32_t nr = node_nritems(leaf);
+    ExtreeItem *items = g_new(ExtreeItem, nr);
+    int ret;
+
+    for (uint32_t i = 0; i < nr; i++) {
+        leaf_get(leaf, i, &items[i]);
+    }
+    ret = extree_alloc_add_leaf(t, items, nr);
+    g_free(items);
+    if (ret < 0) {
+        return extree_corrupt(t, leaf->bytenr, "corrupt free tree node at "
+                              "offset 0x%" PRIx64 ": a free range is in use "
+                              "or beyond the superblock's free_bytes",
+                              leaf->bytenr);
+    }
+    return extree_alloc_fits(t, *len);
+}
+
+/*
+ * After a partial load: read the leaves of the unread part that may hold
+ * a free range of @len bytes or more (their child_bytes reach @len; the
+ * others are stepped over unread) until one does.  Their free space joins
+ * the sets.  O(depth + leaves read).  Not while the free tree is being
+ * synced.  A leaf found damaged leaves the handle without an allocator.
+ */
+int extree_freetree_load_fit(Extree *t, uint64_t len)
+{
+    int ret;
+
+    if (!t->alloc_partial) {
+        return 0;
+    }
+    ret = extree_bt_leaves_with_bytes(t, &t->trees[EXTREE_TREE_FREE], len,
+                                      t->free_lo, t->free_hi, load_fit_leaf,
+                                      &len);
+    if (ret < 0) {
+        extree_alloc_set_loaded(t, false);
+        return ret;
+    }
+    return 0;
+}
+
 /* Make [start, end) of the free tree say what the three sets say */
 static int sync_range(Extree *t, uint64_t start, uint64_t end)
 {

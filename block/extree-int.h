@@ -631,6 +631,10 @@ int extree_bt_find(Extree *t, ExtreeTree *tree, uint64_t key,
                    ExtreeItem *prev, bool *has_prev,
                    ExtreeItem *next, bool *has_next);
 int extree_bt_next_leaf(Extree *t, ExtreeTree *tree, ExtreePath *p);
+typedef int ExtreeLeafFn(Extree *t, ExtreeNode *leaf, void *opaque);
+int extree_bt_leaves_with_bytes(Extree *t, ExtreeTree *tree,
+                                uint64_t min_bytes, uint64_t lo, uint64_t hi,
+                                ExtreeLeafFn *fn, void *opaque);
 int extree_bt_next_leaf_covered(Extree *t, ExtreeTree *tree, ExtreePath *p,
                                 uint64_t *end, uint64_t limit);
 void extree_tree_expect(Extree *t, ExtreeTree *tree, ExtreeNodeExpect *e);
@@ -659,6 +663,9 @@ void extree_alloc_set_partial(Extree *t, uint64_t free_lo, uint64_t free_hi,
                               uint64_t unloaded);
 void extree_alloc_rest_begin(Extree *t);
 int extree_alloc_add_unloaded(Extree *t, uint64_t start, uint64_t len);
+int extree_alloc_add_leaf(Extree *t, const ExtreeItem *items, int nr);
+uint64_t extree_alloc_nodes_need(const Extree *t, uint64_t contig);
+bool extree_alloc_fits(const Extree *t, uint64_t len);
 void extree_alloc_rest_end(Extree *t);
 GArray *extree_alloc_steal_log(Extree *t);
 bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
@@ -684,6 +691,7 @@ int extree_reftree_sync(Extree *t);
 /* extree-freetree.c: the free-space tree on disk */
 int extree_freetree_load(Extree *t, uint64_t expect_bytes, bool whole);
 int extree_freetree_load_rest(Extree *t);
+int extree_freetree_load_fit(Extree *t, uint64_t len);
 int extree_freetree_sync(Extree *t);
 int extree_freetree_rebuild(Extree *t, GArray *used);
 

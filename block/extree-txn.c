@@ -1432,6 +1432,17 @@ void extree_set_host_limit(Extree *t, uint64_t limit)
     }
 }
 
+uint64_t extree_grow_bound_nodes(Extree *t, uint64_t contig)
+{
+    uint64_t need = extree_alloc_nodes_need(t, contig);
+
+    /* a read error leaves the bound where the known ranges put it */
+    if (!extree_alloc_fits(t, need) && t->alloc_partial) {
+        extree_freetree_load_fit(t, need);
+    }
+    return extree_alloc_fits(t, need) ? t->host_end : t->host_end + need;
+}
+
 uint64_t extree_free_bytes(const Extree *t)
 {
     return t->alloc_loaded ? extree_alloc_free_bytes(t) : t->csb->free_bytes;

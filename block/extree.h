@@ -433,9 +433,11 @@ uint64_t extree_grow_bound(const Extree *t, uint64_t bytes);
  * The same when only nodes and @contig bytes in one run (a snapshot table)
  * are allocated next: host_end itself while a free range holds them and a
  * reserve's worth of nodes, so that an update that allocates no data does
- * not make the backend grow (and shrink again at close).
+ * not make the backend grow (and shrink again at close).  After an open
+ * that read the free-space tree in part, it reads the leaves that may
+ * hold such a range.
  */
-uint64_t extree_grow_bound_nodes(const Extree *t, uint64_t contig);
+uint64_t extree_grow_bound_nodes(Extree *t, uint64_t contig);
 int extree_set_zero(Extree *t, uint64_t guest, uint64_t bytes);
 int extree_punch(Extree *t, uint64_t guest, uint64_t bytes);
 

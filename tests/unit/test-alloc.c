@@ -583,6 +583,69 @@ static void test_host_limit(void)
     extree_mem_backend_free(be);
 }
 
+static uint64_t nodes_read(Extree *t)
+{
+    ExtreeStats st;
+
+    extree_stats(t, &st);
+    return st.cache_misses + st.readahead;
+}
+
+/*
+ * After an open that read the free-space tree in part, the bound for an
+ * update that allocates nodes only looks for a long free range in the
+ * unread part by the subtrees' child_bytes: it reads the leaf that holds
+ * one, and nothing where none can be.  The update then takes its nodes
+ * there without growing the file.
+ */
+static void test_grow_bound_partial(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    Extree *t = ct_open(be);
+    uint64_t end, before;
+
+    ct_write(t, 0, 64 << 20);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    for (uint64_t b = 0; b < 16384; b += 2) {
+        if (b < 2400 || b >= 14000) {
+            g_assert_cmpint(extree_punch(t, b * BS, BS), ==, 0);
+        }
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+
+    /* short free ranges only: the bound grows, and reads nothing */
+    t = ct_open(be);
+    g_assert_true(t->alloc_partial);
+    end = extree_host_end(t);
+    before = nodes_read(t);
+    g_assert_cmpuint(extree_grow_bound_nodes(t, 0), >, end);
+    g_assert_cmpuint(nodes_read(t), ==, before);
+    g_assert_true(t->alloc_partial);
+    /* 8 MiB freed in the middle of the tree's keys */
+    g_assert_cmpint(extree_punch(t, 6000 * BS, 2000 * BS), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+
+    t = ct_open(be);
+    g_assert_true(t->alloc_partial);
+    g_assert_false(extree_alloc_fits(t, extree_alloc_nodes_need(t, 0)));
+    end = extree_host_end(t);
+    before = nodes_read(t);
+    g_assert_cmpuint(extree_grow_bound_nodes(t, 0), ==, end);
+    g_assert_cmpuint(nodes_read(t) - before, <=, 2);
+    g_assert_true(t->alloc_partial);
+    g_assert_true(extree_alloc_fits(t, extree_alloc_nodes_need(t, 0)));
+    g_assert_cmpint(extree_punch(t, 2 * BS, 4000 * BS), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpuint(extree_host_end(t), <=, end);
+    g_assert_true(t->alloc_partial);
+    ct_check_clean(t, NULL);
+    g_assert_false(t->alloc_partial);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -599,5 +662,6 @@ int main(int argc, char **argv)
     g_test_add_func("/alloc/metadata-reserve", test_metadata_reserve);
     g_test_add_func("/alloc/grow-bound-nodes", test_grow_bound_nodes);
     g_test_add_func("/alloc/load-in-order", test_load_in_order);
+    g_test_add_func("/alloc/grow-bound-partial", test_grow_bound_partial);
     return g_test_run();
 }
