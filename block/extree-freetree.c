@@ -106,7 +106,7 @@ int extree_freetree_load(Extree *t, uint64_t expect_bytes, bool whole)
             extree_alloc_set_loaded(t, false);
             return ret;
         }
-        /* the sum of the items and their count: known after the rest */
+        /* the sum is checked; the item count is not kept (nothing reads it) */
         ft->total = expect_bytes;
         ft->nitems = 0;
         extree_alloc_set_loaded(t, true);
