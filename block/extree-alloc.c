@@ -638,8 +638,6 @@ static int reserve_refill(Extree *t, bool may_grow)
     uint64_t start;
     int ret;
 
-    /* a backend of fixed size: what is left of it, at least one node */
-    want = MIN(want, grow_room(t, false) / ns * ns);
     reserve_release(t);
     r = rs_first_fit(set, EXT_RESERVE_NFREE_MIN * ns);
     if (!r) {
@@ -655,6 +653,11 @@ static int reserve_refill(Extree *t, bool may_grow)
         t->resv_nfree = set == &t->nfree;
         return 0;
     }
+    /*
+     * A backend of fixed size: what is left of it, at least one node (a
+     * refill from free space above is not capped: it grows nothing)
+     */
+    want = MIN(want, grow_room(t, false) / ns * ns);
     if (!may_grow || want < ns) {
         return -ENOSPC;
     }

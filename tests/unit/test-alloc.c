@@ -583,6 +583,45 @@ static void test_host_limit(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * A backend found to be of fixed size after an open that read the
+ * free-space tree in part: nodes can no longer grow the file, so the rest
+ * is read at once, and all free space is there for them.  With no room
+ * left to grow, a reserve taken from free space was once cut to nothing
+ * (and handed out nodes past its end, over free space): commit looped.
+ */
+static void test_host_limit_partial(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    Extree *t = ct_open(be);
+    uint64_t free_bytes, end;
+
+    ct_write(t, 0, 32 << 20);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    for (uint64_t b = 0; b < 8192; b += 8) {
+        g_assert_cmpint(extree_punch(t, b * BS, 4 * BS), ==, 0);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+
+    t = ct_open(be);
+    g_assert_true(t->alloc_partial);
+    free_bytes = extree_free_bytes(t);
+    end = extree_host_end(t);
+    extree_set_host_limit(t, end);
+    g_assert_false(t->alloc_partial);
+    g_assert_cmpuint(extree_free_bytes(t), ==, free_bytes);
+    /* the freed 16 KiB holes hold the nodes of more punches */
+    for (uint64_t b = 4; b < 8192; b += 64) {
+        g_assert_cmpint(extree_punch(t, b * BS, BS), ==, 0);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpuint(extree_host_end(t), <=, end);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 static uint64_t nodes_read(Extree *t)
 {
     ExtreeStats st;
@@ -663,5 +702,6 @@ int main(int argc, char **argv)
     g_test_add_func("/alloc/grow-bound-nodes", test_grow_bound_nodes);
     g_test_add_func("/alloc/load-in-order", test_load_in_order);
     g_test_add_func("/alloc/grow-bound-partial", test_grow_bound_partial);
+    g_test_add_func("/alloc/host-limit-partial", test_host_limit_partial);
     return g_test_run();
 }
