@@ -584,6 +584,47 @@ uint64_t extree_alloc_nodes_need(const Extree *t, uint64_t contig)
     return contig + reserve_grow_size(t);
 }
 
+/*
+ * The nodes an update that allocates no data may take, with the commit
+ * after it: the headroom a backend of fixed size keeps for an update's
+ * nodes and commits, and per range logged so far a copy of a path through
+ * the free or reference count tree and a split, which is what the
+ * commit's syncs write for it
+ */
+uint64_t extree_alloc_nodes_estimate(const Extree *t)
+{
+    uint64_t logged = t->oplog->len + (t->reflog ? t->reflog->len : 0);
+    uint64_t levels = MAX(t->trees[EXTREE_TREE_FREE].level,
+                          t->trees[EXTREE_TREE_REFS].level) + 2;
+
+    return EXT_META_HEADROOM_NODES + logged * 2 * levels;
+}
+
+/*
+ * Can the known free space take those nodes and @contig bytes in one run
+ * with host_end where it is?  Nodes come from any free node-sized range
+ * before the file grows (extree_alloc_meta()), so what counts is the room
+ * of all of them (a lower bound: a range loses less than a node to its
+ * length), not one long range.  O(1).
+ */
+bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig)
+{
+    const ExtreeRangeSet *sets[2] = { &t->avail, &t->nfree };
+    uint64_t ns = t->node_size;
+    uint64_t slack = ns > t->block_size ? ns - t->block_size : 0;
+    uint64_t room = resv_bytes(t);
+
+    if (contig && !extree_alloc_fits(t, contig)) {
+        return false;
+    }
+    for (int i = 0; i < 2; i++) {
+        uint64_t lost = sets[i]->count * slack;
+        room += sets[i]->bytes > lost ? sets[i]->bytes - lost : 0;
+    }
+    return room / ns >= extree_alloc_nodes_estimate(t) +
+                        (contig + ns - 1) / ns + 1;
+}
+
 /* Do the sets hold a free range of @len bytes or more? */
 bool extree_alloc_fits(const Extree *t, uint64_t len)
 {

@@ -666,6 +666,8 @@ int extree_alloc_add_unloaded(Extree *t, uint64_t start, uint64_t len);
 int extree_alloc_add_leaf(Extree *t, const ExtreeItem *items, int nr);
 uint64_t extree_alloc_nodes_need(const Extree *t, uint64_t contig);
 bool extree_alloc_fits(const Extree *t, uint64_t len);
+uint64_t extree_alloc_nodes_estimate(const Extree *t);
+bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig);
 void extree_alloc_rest_end(Extree *t);
 GArray *extree_alloc_steal_log(Extree *t);
 bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,

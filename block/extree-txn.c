@@ -1436,6 +1436,9 @@ uint64_t extree_grow_bound_nodes(Extree *t, uint64_t contig)
 {
     uint64_t need = extree_alloc_nodes_need(t, contig);
 
+    if (extree_alloc_nodes_fit(t, contig)) {
+        return t->host_end;
+    }
     /* a read error leaves the bound where the known ranges put it */
     if (!extree_alloc_fits(t, need) && t->alloc_partial) {
         extree_freetree_load_fit(t, need);

@@ -431,11 +431,13 @@ void extree_set_host_limit(Extree *t, uint64_t limit);
 uint64_t extree_grow_bound(const Extree *t, uint64_t bytes);
 /*
  * The same when only nodes and @contig bytes in one run (a snapshot table)
- * are allocated next: host_end itself while a free range holds them and a
- * reserve's worth of nodes, so that an update that allocates no data does
- * not make the backend grow (and shrink again at close).  After an open
- * that read the free-space tree in part, it reads the leaves that may
- * hold such a range.
+ * are allocated next, and the commit after them: host_end itself while the
+ * known free space holds the run and room for the nodes (headroom, and
+ * more per range the transaction logged), or one free range holds the run
+ * and a reserve, so that an update that allocates no data does not make
+ * the backend grow (and shrink again at close).  After an open that read
+ * the free-space tree in part, it reads the leaves that may hold such a
+ * range when the known free space is short.
  */
 uint64_t extree_grow_bound_nodes(Extree *t, uint64_t contig);
 int extree_set_zero(Extree *t, uint64_t guest, uint64_t bytes);
