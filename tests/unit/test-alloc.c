@@ -732,8 +732,9 @@ static void test_grow_bound_room(void)
      * Data and free space in alternate 4 KiB pieces: the free space holds
      * no node, and frees all over it make the commit's sync copy many
      * leaves of the free tree.  Transactions of 1 to 400 single-block
-     * updates: the nodes each update takes, and those its commit takes,
-     * stay within the estimate made before it.
+     * updates, the last third after a snapshot: the nodes each update
+     * takes, and those its commit takes, stay within the estimate made
+     * before it.
      */
     be = ct_create(1 << 30, BS, NS);
     t = ct_open(be);
@@ -745,11 +746,21 @@ static void test_grow_bound_room(void)
     g_assert_cmpint(extree_commit(t), ==, 0);
     extree_close(t);
     t = ct_open(be);
-    for (int i = 0; i < 60; i++) {
+    for (int i = 0; i < 90; i++) {
         int n = g_rand_int_range(r, 0, 3) ? g_rand_int_range(r, 1, 4)
                                           : g_rand_int_range(r, 100, 400);
+        ExtreeSnapshotInfo info = { .icount = UINT64_MAX };
         ExtreeStats st0, st1;
         uint64_t est;
+
+        /*
+         * Then with a snapshot: updates copy shared leaves, and the
+         * commit syncs the reference count tree too
+         */
+        if (i == 60) {
+            g_assert_cmpint(extree_snapshot_create(t, &info), ==, 0);
+            g_assert_cmpint(extree_commit(t), ==, 0);
+        }
 
         for (int j = 0; j < n; j++) {
             uint64_t blk = g_rand_int_range(r, 0, 131072);
