@@ -48,6 +48,7 @@ void extree_tree_expect(Extree *t, ExtreeTree *tree, ExtreeNodeExpect *e)
     e->key_end = UINT64_MAX;
     e->has_bytes = false;
     e->bytes = 0;
+    e->data_end = tree->data_end;
 }
 
 /* Exclusive key bound of the node at @level of the path */
@@ -79,6 +80,7 @@ static void child_expect(ExtreeTree *tree, const ExtreeNode *parent, int slot,
                  ptr_key(parent, slot + 1) : parent_end;
     e->has_bytes = true;
     e->bytes = kp.bytes;
+    e->data_end = tree->data_end;
 }
 
 /* Pinned child @slot of @parent (whose own key bound is @parent_end) */

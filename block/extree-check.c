@@ -70,6 +70,8 @@ typedef struct CheckCtx {
      */
     uint64_t refs_bad;
     GArray *ref_fixes;
+    /* snap_generation too low (Extree.snap_gen_bad): "-r all" raises it */
+    bool snapgen_bad;
 } CheckCtx;
 
 /* One corruption, found in the extent tree (@free false) or the free tree */
@@ -205,6 +207,7 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
             ce.key_end = i + 1 < nr ? ptr_key(&view, i + 1) : e->key_end;
             ce.has_bytes = true;
             ce.bytes = kp.bytes;
+            ce.data_end = e->data_end;
             walk(c, owner, kp.child, &ce, &ci, &cb);
             *items += ci;
             *bytes += cb;
@@ -250,11 +253,20 @@ static void check_snapshots(CheckCtx *c)
         claim(c, t->snap_table, t->snap_table_len, 0, CLAIM_SNAP_TABLE);
         c->res->metadata_bytes += t->snap_table_len;
     }
+    if (t->snap_gen_bad) {
+        c->res->corruptions++;
+        c->snapgen_bad = true;
+        say(c, "corrupt superblock at offset 0x%" PRIx64 ": snap_generation "
+            "%" PRIu64 " not above every snapshot's generation",
+            (t->generation % 2) * (uint64_t)EXTREE_SB_SIZE,
+            t->snap_gen_stored);
+    }
     for (guint i = 0; i < t->snaps->len; i++) {
         const ExtreeSnap *sn = &g_array_index(t->snaps, ExtreeSnap, i);
         ExtreeNodeExpect e = {
             .owner = EXTREE_TREE_EXTENT, .level = sn->level,
             .generation = sn->root_gen, .key_end = UINT64_MAX,
+            .data_end = EXTREE_ROUND_UP(sn->virtual_size, t->block_size),
         };
         uint64_t items, bytes;
 
@@ -390,6 +402,7 @@ static void check_counts(CheckCtx *c)
                 " found", a, b - a, have, want);
         } else {
             c->res->leaks++;
+            c->res->leaked_ref_bytes += b - a;
             say(c, "leaked references: host range at offset 0x%" PRIx64
                 " length 0x%" PRIx64 " has %u references recorded, %u found",
                 a, b - a, have, want);
@@ -516,7 +529,7 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
     int ret = 0;
 
     if (t->read_only || t->broken || c->extent_bad ||
-        ((free_bad || c->count_bad || c->refs_bad) &&
+        ((free_bad || c->count_bad || c->refs_bad || c->snapgen_bad) &&
          !(fix & EXTREE_FIX_ERRORS))) {
         if (leaks->len && (fix & EXTREE_FIX_LEAKS)) {
             say(c, "leaks not repaired: %s", t->read_only ? "read-only" :
@@ -547,6 +560,13 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
             c->ref_fixes->len);
         res->repaired_leaks += over;
         fixed += c->refs_bad;
+    }
+    if (c->snapgen_bad) {
+        /* "-r all": the value open raised it to (check_snap_gen()) */
+        t->snap_gen_bad = false;
+        t->super_dirty = true;
+        say(c, "snap_generation set to %" PRIu64, t->snap_gen);
+        fixed++;
     }
     if (c->count_bad) {
         /* "-r all": the walk counted the extent tree's items */

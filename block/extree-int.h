@@ -225,6 +225,12 @@ typedef struct ExtreeNodeExpect {
      */
     bool has_bytes;
     uint64_t bytes;
+    /*
+     * extent trees: guest keys end at or below this, the rounded virtual
+     * size of the tree the node is reached from; only the VM state area
+     * lies beyond (ExtreeTree's data_end)
+     */
+    uint64_t data_end;
 } ExtreeNodeExpect;
 
 /*
@@ -278,6 +284,12 @@ typedef struct ExtreeTree {
     unsigned level;             /* of the root */
     uint64_t nitems;            /* leaf items */
     uint64_t total;             /* sum of item lengths */
+    /*
+     * Extent trees: the virtual size of this tree rounded up to a block
+     * (a snapshot's own size for a snapshot's tree); no item may reach
+     * past it except in the VM state area.  UINT64_MAX for other trees.
+     */
+    uint64_t data_end;
 } ExtreeTree;
 
 /*
@@ -525,6 +537,15 @@ struct Extree {
     bool snaps_dirty;
     uint64_t snap_gen;
     /*
+     * The superblock's snap_generation is not above every snapshot's
+     * generation (@snap_gen_stored): shared nodes would look unshared.
+     * Only a read-only or checker's handle opens so, with @snap_gen
+     * raised to the running transaction's; the checker reports it and
+     * "-r all" commits the raised value.
+     */
+    bool snap_gen_bad;
+    uint64_t snap_gen_stored;
+    /*
      * Read-only view of a snapshot (extree_snapshot_load_tmp()): -1, or
      * the index whose tree t->trees[EXTREE_TREE_EXTENT] is
      */
@@ -595,6 +616,17 @@ static inline uint64_t extree_key_limit(const Extree *t)
     return extree_has_refs(t) ? EXTREE_VMSTATE_END
                               : EXTREE_ROUND_UP(t->virtual_size,
                                                 t->block_size);
+}
+
+/*
+ * An extent item [@key, +@len) reaches past @data_end (ExtreeTree's) but
+ * not into the VM state area: beyond the virtual size of its tree.  @len
+ * is at most extree_key_limit() - @key.
+ */
+static inline bool extree_item_past_size(uint64_t key, uint64_t len,
+                                         uint64_t data_end)
+{
+    return key < EXTREE_VMSTATE_BASE && key + len > data_end;
 }
 
 /*

@@ -398,9 +398,11 @@ int extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
 
 /* ---- validation ---- */
 
-static int leaf_item_check(Extree *t, uint32_t owner, const ExtreeItem *it,
-                           uint32_t flags, int i, char **why)
+static int leaf_item_check(Extree *t, const ExtreeNodeExpect *e,
+                           const ExtreeItem *it, uint32_t flags, int i,
+                           char **why)
 {
+    uint32_t owner = e->owner;
     uint64_t bs = t->block_size;
     uint64_t vend = extree_key_limit(t);
 
@@ -421,6 +423,13 @@ static int leaf_item_check(Extree *t, uint32_t owner, const ExtreeItem *it,
             *why = g_strdup_printf("item at slot %d beyond virtual size, "
                                    "have end 0x%" PRIx64 " max 0x%" PRIx64,
                                    i, it->key + it->length, vend);
+            return -EIO;
+        }
+        if (extree_item_past_size(it->key, it->length, e->data_end)) {
+            *why = g_strdup_printf("item at slot %d beyond the tree's "
+                                   "virtual size, have end 0x%" PRIx64
+                                   " max 0x%" PRIx64, i,
+                                   it->key + it->length, e->data_end);
             return -EIO;
         }
         if (it->type == EXTREE_ITEM_ZERO) {
@@ -495,8 +504,9 @@ static int leaf_item_check(Extree *t, uint32_t owner, const ExtreeItem *it,
  * reads); the loop then says what is wrong with one that fails.
  */
 static bool extent_leaf_ok(Extree *t, const uint8_t *buf, uint32_t nr,
-                           uint64_t key_end, uint64_t *sum)
+                           const ExtreeNodeExpect *e, uint64_t *sum)
 {
+    uint64_t key_end = e->key_end, data_end = e->data_end;
     uint64_t mask = t->block_size - 1;
     uint64_t vend = extree_key_limit(t);
     uint64_t ds = t->data_start, he = t->sb_host_end;
@@ -510,7 +520,8 @@ static bool extent_leaf_ok(Extree *t, const uint8_t *buf, uint32_t nr,
         uint32_t type = ext_ld32(p + EXT_IT_TYPE);
 
         bad |= ext_ld32(p + EXT_IT_FLAGS) | ((key | len) & mask) | (len == 0) |
-               (key < prev_end) | (key >= vend) | (len > vend - key);
+               (key < prev_end) | (key >= vend) | (len > vend - key) |
+               extree_item_past_size(key, len, data_end);
         if (type == EXTREE_ITEM_DATA) {
             bad |= (host & mask) | (host < ds) | (host >= he) |
                    (len > he - host);
@@ -625,7 +636,7 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
         return -EIO;
     }
     if (!level && owner == EXTREE_TREE_EXTENT &&
-        extent_leaf_ok(t, buf, nr, e->key_end, &sum)) {
+        extent_leaf_ok(t, buf, nr, e, &sum)) {
         return check_subtree_bytes(e, sum, why);
     }
     for (uint32_t i = 0; i < nr; i++) {
@@ -642,6 +653,14 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
                 *why = g_strdup_printf("key beyond parent range at slot %u,"
                                        " have 0x%" PRIx64 " limit 0x%"
                                        PRIx64, i, kp.key, e->key_end);
+                return -EIO;
+            }
+            if (owner == EXTREE_TREE_EXTENT &&
+                extree_item_past_size(kp.key, 1, e->data_end)) {
+                *why = g_strdup_printf("key at slot %u beyond the tree's "
+                                       "virtual size, have 0x%" PRIx64
+                                       " max 0x%" PRIx64, i, kp.key,
+                                       e->data_end);
                 return -EIO;
             }
             prev_end = kp.key;
@@ -664,7 +683,7 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
             int ret;
 
             leaf_get(&fake, i, &it);
-            ret = leaf_item_check(t, owner, &it, flags, i, why);
+            ret = leaf_item_check(t, e, &it, flags, i, why);
             if (ret < 0) {
                 return ret;
             }
@@ -712,6 +731,41 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
  * buffer against its parent: a node validated under its rightful parent
  * must not be trusted under another that points at it by mistake.
  */
+/* End of item @i: a leaf item's end, an interior key's next byte */
+static uint64_t item_end(const ExtreeNode *n, int i)
+{
+    return node_level(n) ? ptr_key(n, i) + 1 : leaf_key(n, i) + leaf_len(n, i);
+}
+
+/*
+ * A node validated under a tree of another virtual size (a snapshot's)
+ * reached from this one: its first item (key) ending past @data_end must
+ * lie in the VM state area.  O(log items), and only for a node that
+ * reaches past @data_end at all.
+ */
+static char *node_past_size(const ExtreeNode *n, uint64_t data_end)
+{
+    int lo = 0, hi = node_nritems(n);
+
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+
+        if (item_end(n, mid) > data_end) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    if (lo < (int)node_nritems(n) &&
+        extree_item_past_size(node_key(n, lo), item_end(n, lo) -
+                              node_key(n, lo), data_end)) {
+        return g_strdup_printf("item at slot %d beyond the tree's virtual "
+                               "size, have end 0x%" PRIx64 " max 0x%" PRIx64,
+                               lo, item_end(n, lo), data_end);
+    }
+    return NULL;
+}
+
 static char *node_disagrees(const ExtreeNode *n, const ExtreeNodeExpect *e)
 {
     unsigned level = node_level(n);
@@ -743,6 +797,12 @@ static char *node_disagrees(const ExtreeNode *n, const ExtreeNodeExpect *e)
             return g_strdup_printf("items beyond parent range, have end 0x%"
                                    PRIx64 " limit 0x%" PRIx64, last,
                                    e->key_end);
+        }
+        if (e->owner == EXTREE_TREE_EXTENT && last >= e->data_end) {
+            char *why = node_past_size(n, e->data_end);
+            if (why) {
+                return why;
+            }
         }
     }
     if (e->has_bytes && !n->dirty && n->bytes != e->bytes) {

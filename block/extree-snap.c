@@ -89,6 +89,7 @@ static int enable_snapshots(Extree *t)
     }
     t->incompat |= EXTREE_INCOMPAT_SNAPSHOTS;
     rt->owner = EXTREE_TREE_REFS;
+    rt->data_end = UINT64_MAX;
     ret = extree_bt_new_root(t, rt);
     if (ret < 0) {
         t->incompat &= ~EXTREE_INCOMPAT_SNAPSHOTS;
@@ -216,6 +217,44 @@ static void snap_tree(Extree *t, const ExtreeSnap *sn, ExtreeTree *tree)
     tree->level = sn->level;
     tree->nitems = sn->extent_count;
     tree->total = sn->extent_bytes;
+    tree->data_end = EXTREE_ROUND_UP(sn->virtual_size, t->block_size);
+}
+
+/*
+ * The snapshot's root must map what its entry says: a root that lost
+ * items, or an entry naming another node of the right level and
+ * generation, would read holes with success, and reverting to it would
+ * store an extent tree the superblock's extent_bytes contradicts.  The
+ * root alone: O(1), one node read.  Deeper damage is found as the nodes
+ * are read (each against its parent's child_bytes).
+ */
+static int snap_root_check(Extree *t, const ExtreeSnap *sn)
+{
+    ExtreeTree tree;
+    ExtreeNodeExpect e;
+    ExtreeNode *n;
+    int ret;
+
+    snap_tree(t, sn, &tree);
+    extree_tree_expect(t, &tree, &e);
+    ret = extree_node_get(t, sn->root, &e, &n);
+    if (ret < 0) {
+        return ret;
+    }
+    if (n->bytes != sn->extent_bytes ||
+        (node_level(n) == 0 && node_nritems(n) != sn->extent_count)) {
+        ret = extree_corrupt(t, t->snap_table, "corrupt snapshot table at "
+                             "offset 0x%" PRIx64 ": snapshot '%s' has "
+                             "extent_count %" PRIu64 " extent_bytes 0x%"
+                             PRIx64 ", its root at offset 0x%" PRIx64
+                             " %s%u items mapping 0x%" PRIx64,
+                             t->snap_table, sn->id, sn->extent_count,
+                             sn->extent_bytes, sn->root,
+                             node_level(n) ? "has " : "is a leaf of ",
+                             node_nritems(n), n->bytes);
+    }
+    extree_node_unref(t, n);
+    return ret;
 }
 
 int extree_snapshot_goto(Extree *t, unsigned index)
@@ -230,6 +269,10 @@ int extree_snapshot_goto(Extree *t, unsigned index)
         return ret;
     }
     sn = &g_array_index(t->snaps, ExtreeSnap, index);
+    ret = snap_root_check(t, sn);
+    if (ret < 0) {
+        return ret;
+    }
     /* first the new reference: the old live root may be the same node */
     ret = t->sm.ops->inc_ref(t->sm.opaque, sn->root, t->node_size);
     if (ret == 0) {
@@ -252,6 +295,10 @@ int extree_snapshot_delete(Extree *t, unsigned index)
     if (ret < 0) {
         return ret;
     }
+    ret = snap_root_check(t, &g_array_index(t->snaps, ExtreeSnap, index));
+    if (ret < 0) {
+        return ret;
+    }
     snap_tree(t, &g_array_index(t->snaps, ExtreeSnap, index), &tree);
     ret = extree_bt_drop(t, &tree, extree_extent_release, t);
     if (ret == 0) {
@@ -267,6 +314,7 @@ int extree_snapshot_load_tmp(Extree *t, unsigned index)
 {
     ExtreeTree *et = &t->trees[EXTREE_TREE_EXTENT];
     ExtreeSnap *sn;
+    int ret;
 
     if (!t->read_only) {
         return -EROFS;
@@ -275,6 +323,10 @@ int extree_snapshot_load_tmp(Extree *t, unsigned index)
         return -ENOENT;
     }
     sn = &g_array_index(t->snaps, ExtreeSnap, index);
+    ret = snap_root_check(t, sn);
+    if (ret < 0) {
+        return ret;
+    }
     extree_path_release(t, &t->pcache[EXTREE_TREE_EXTENT]);
     snap_tree(t, sn, et);
     t->virtual_size = sn->virtual_size;

@@ -753,6 +753,9 @@ static void tree_init(ExtreeTree *tree, uint32_t owner, const ExtreeSuper *s)
     tree->level = s->root_level[owner];
     tree->nitems = 0;
     tree->total = 0;
+    tree->data_end = owner == EXTREE_TREE_EXTENT ?
+                     EXTREE_ROUND_UP(s->virtual_size, s->block_size) :
+                     UINT64_MAX;
 }
 
 /* What read_supers() found out about the slot it did not use */
@@ -894,6 +897,42 @@ static int check_root_counts(Extree *t)
     }
     g_array_free(roots, true);
     return ret;
+}
+
+/*
+ * Every snapshot was taken (or the image reverted) before snap_generation:
+ * a lower value makes nodes a snapshot shares look unshared, and the next
+ * write would change them in place.  A writer's open fails; a read-only
+ * or checker's handle goes on with the safe value (every node older than
+ * the running transaction is looked up).  O(snapshots).
+ */
+static int check_snap_gen(Extree *t, const ExtreeOpenOptions *o)
+{
+    const ExtreeSnap *top = NULL;
+
+    for (unsigned i = 0; i < t->snaps->len; i++) {
+        const ExtreeSnap *sn = &g_array_index(t->snaps, ExtreeSnap, i);
+
+        if (!top || sn->generation > top->generation) {
+            top = sn;
+        }
+    }
+    if (!top || top->generation < t->snap_gen) {
+        return 0;
+    }
+    if (!t->read_only && !o->check) {
+        return extree_corrupt(t, (t->generation % 2) * EXTREE_SB_SIZE,
+                              "corrupt superblock at offset 0x%" PRIx64
+                              ": snap_generation %" PRIu64 " not above "
+                              "snapshot '%s' taken at generation %" PRIu64
+                              " (qemu-img check -r all repairs it)",
+                              (t->generation % 2) * (uint64_t)EXTREE_SB_SIZE,
+                              t->snap_gen, top->id, top->generation);
+    }
+    t->snap_gen_bad = true;
+    t->snap_gen_stored = t->snap_gen;
+    t->snap_gen = t->trans_gen;
+    return 0;
 }
 
 /*
@@ -1051,6 +1090,9 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     }
     if (ret == 0) {
         ret = snap_table_load(t, &sb[best]);
+    }
+    if (ret == 0) {
+        ret = check_snap_gen(t, o);
     }
     if (ret == 0 && !t->read_only) {
         extree_refs_init(t);
@@ -1522,8 +1564,31 @@ int extree_set_virtual_size(Extree *t, uint64_t size)
         if (ret < 0) {
             return ret;
         }
+    } else if (new_end > old_end) {
+        /*
+         * Nothing may lie in the range growing brings in: the path to its
+         * start is validated against the old size, and any key in the
+         * range would be on it (the smallest such key is either a key of
+         * a node on the path or inside the child the path takes).  One
+         * descent.
+         */
+        ExtreeTree *et = &t->trees[EXTREE_TREE_EXTENT];
+        ExtreeItem prev, next;
+        bool hp, hn;
+
+        ret = extree_bt_find(t, et, old_end, &prev, &hp, &next, &hn);
+        if (ret < 0) {
+            return ret;
+        }
+        if ((hp && prev.key + prev.length > old_end) ||
+            (hn && next.key < EXTREE_VMSTATE_BASE)) {
+            return extree_corrupt(t, et->root, "corrupt extent tree: item "
+                                  "beyond the virtual size 0x%" PRIx64,
+                                  old_end);
+        }
     }
     t->virtual_size = size;
+    t->trees[EXTREE_TREE_EXTENT].data_end = new_end;
     t->super_dirty = true;
     return update_done(t, 0);
 }

@@ -654,7 +654,8 @@ extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
         goto out;
     }
     /* BdrvCheckResult counts in int: a huge leak saturates */
-    leaked_blocks = MIN(r.leaked_bytes / s->block_size, INT_MAX);
+    leaked_blocks = MIN((r.leaked_bytes + r.leaked_ref_bytes) /
+                        s->block_size, INT_MAX);
     result->corruptions = r.corruptions - r.repaired_corruptions;
     result->corruptions_fixed = r.repaired_corruptions;
     if (r.leaks && r.repaired_leaks == r.leaks) {

@@ -512,6 +512,8 @@ int extree_data_shared(Extree *t, uint64_t guest, uint64_t bytes,
 
 typedef struct ExtreeCheckResult {
     uint64_t corruptions, leaks, leaked_bytes, repaired_leaks;
+    /* host bytes whose recorded reference count is above the one found */
+    uint64_t leaked_ref_bytes;
     uint64_t nodes, extents, free_items;
     uint64_t data_bytes, metadata_bytes, free_bytes;
     uint64_t unmerged;          /* adjacent mergeable items: not an error */

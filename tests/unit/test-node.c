@@ -40,6 +40,7 @@ static void expect_leaf(ExtreeNodeExpect *e, uint64_t gen)
     e->key_end = UINT64_MAX;
     e->has_bytes = false;
     e->bytes = 0;
+    e->data_end = UINT64_MAX;
 }
 
 static void assert_invalid(Extree *t, uint8_t *buf, uint64_t bytenr,

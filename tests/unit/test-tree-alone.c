@@ -136,7 +136,8 @@ static void fx_init(Fixture *f)
                     ==, 0);
     extree_node_unref(t, root);
     *tree_of(f) = (ExtreeTree){ .owner = EXTREE_TREE_EXTENT, .root = bytenr,
-                                .root_gen = t->trans_gen };
+                                .root_gen = t->trans_gen,
+                                .data_end = UINT64_MAX };
 }
 
 static void fx_destroy(Fixture *f)
@@ -214,7 +215,8 @@ static uint64_t count_nodes(Fixture *f, uint64_t bytenr, unsigned level,
                             uint64_t gen)
 {
     ExtreeNodeExpect e = { .owner = EXTREE_TREE_EXTENT, .level = level,
-                           .generation = gen, .key_end = UINT64_MAX };
+                           .generation = gen, .key_end = UINT64_MAX,
+                           .data_end = UINT64_MAX };
     uint32_t refs = 0;
     uint64_t count = 1;
     ExtreeNode *n;

@@ -1,0 +1,437 @@
+/*
+ * Unit tests: damaged images with snapshots whose checksums are all valid
+ * (issue: hostile images with snapshots).  Each case once returned wrong
+ * data with success, lost the other snapshots, or passed the checker.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "core-test.h"
+
+#define BS 512
+#define NS 4096
+#define VSIZE (4 * 1024 * 1024)
+#define NEXT 400            /* one-block extents at guest 0, 1k, 2k, ... */
+
+static int corrupt_calls;
+
+static void count_corrupt(void *opaque, uint64_t offset, const char *msg)
+{
+    if (g_test_verbose()) {
+        g_printerr("corrupt at 0x%" PRIx64 ": %s\n", offset, msg);
+    }
+    corrupt_calls++;
+}
+
+static int lookup1(Extree *t, uint64_t guest, ExtreeRun *run)
+{
+    int n = 0;
+
+    return extree_lookup(t, guest, BS, run, 1, &n);
+}
+
+/*
+ * A two-level tree of 400 one-block extents, snapshot "s1" of it, then the
+ * live tree's first leaf rewritten (block 0 to new space): the snapshot
+ * keeps the old root and first leaf, and shares the other leaves
+ */
+static ExtreeBackend *make_image(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    ExtreeSnapshotInfo info = { .icount = UINT64_MAX };
+    Extree *t = ct_open(be);
+
+    for (int i = 0; i < NEXT; i++) {
+        ct_write(t, (uint64_t)i * 1024, BS);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpuint(extree_depth(t), ==, 2);
+    g_strlcpy(info.name, "s1", sizeof(info.name));
+    g_assert_cmpint(extree_snapshot_create(t, &info), ==, 0);
+    ct_write(t, 0, BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    return be;
+}
+
+static Extree *open_opts(ExtreeBackend *be, bool ro, bool check, int want,
+                         const char *msg)
+{
+    ExtreeOpenOptions o = { .read_only = ro, .check = check,
+                            .repair = check && !ro };
+    Extree *t = NULL;
+    char *err = NULL;
+
+    g_assert_cmpint(extree_open(be, &o, &t, &err), ==, want);
+    if (msg) {
+        g_assert_nonnull(err);
+        if (!strstr(err, msg)) {
+            g_error("open: want \"%s\" in \"%s\"", msg, err);
+        }
+    }
+    g_free(err);
+    return t;
+}
+
+/* Rewrite snapshot entry 0 with @edit applied, table checksum fixed */
+static void edit_entry(ExtreeBackend *be,
+                       void (*edit)(ExtreeDiskSnapEntry *, void *),
+                       void *opaque)
+{
+    ExtreeDiskSuper sb;
+    uint64_t off, len;
+    uint8_t *buf;
+
+    ct_read_super(be, &sb);
+    off = GUINT64_FROM_LE(sb.snap_table_offset);
+    len = sizeof(ExtreeDiskSnapHeader) +
+          GUINT32_FROM_LE(sb.snap_count) * sizeof(ExtreeDiskSnapEntry);
+    buf = g_malloc(len);
+    g_assert_cmpint(be->ops->pread(be->opaque, off, buf, len), ==, 0);
+    edit((ExtreeDiskSnapEntry *)(buf + sizeof(ExtreeDiskSnapHeader)), opaque);
+    ext_st32(buf + 4, 0);
+    ext_st32(buf + 4, extree_crc32c(0, buf, len));
+    g_assert_cmpint(be->ops->pwrite(be->opaque, off, buf, len), ==, 0);
+    g_free(buf);
+}
+
+static uint64_t entry_root(ExtreeBackend *be)
+{
+    ExtreeDiskSuper sb;
+    ExtreeDiskSnapEntry e;
+
+    ct_read_super(be, &sb);
+    g_assert_cmpint(be->ops->pread(be->opaque,
+                                   GUINT64_FROM_LE(sb.snap_table_offset) +
+                                   sizeof(ExtreeDiskSnapHeader), &e,
+                                   sizeof(e)), ==, 0);
+    return GUINT64_FROM_LE(e.root.bytenr);
+}
+
+/*
+ * 1. snap_generation lowered below the snapshot's generation: the shared
+ * leaves would look unshared and a write would change them in place.  A
+ * writer's open refuses; read-only opens and the checker go on, and
+ * "-r all" raises it, after which the shared data is shared again.
+ */
+static void test_snap_generation(void)
+{
+    ExtreeBackend *be = make_image();
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeCheckResult res;
+    ExtreeDiskSuper sb;
+    ExtreeRun run;
+    bool shared;
+    Extree *t;
+
+    for (int i = 0; i < 2; i++) {
+        g_assert_cmpint(be->ops->pread(be->opaque, i * EXTREE_SB_SIZE, &sb,
+                                       EXTREE_SB_SIZE), ==, 0);
+        sb.snap_generation = GUINT64_TO_LE(1);
+        ct_write_super(be, i, &sb);
+    }
+    open_opts(be, false, false, -EIO, "snap_generation 1 not above");
+    /* reads do not depend on it */
+    t = open_opts(be, true, false, 0, NULL);
+    g_assert_cmpint(lookup1(t, 1024, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
+    extree_close(t);
+
+    t = open_opts(be, false, true, 0, NULL);
+    g_assert_cmpint(extree_check_fix(t, EXTREE_FIX_LEAKS, &res, ct_report,
+                                     &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, ==, 1);
+    g_assert_cmpuint(res.repaired_corruptions, ==, 0);
+    g_assert_true(ct_has_msg(&r, "snap_generation 1 not above"));
+    g_assert_cmpint(extree_check_fix(t, EXTREE_FIX_LEAKS | EXTREE_FIX_ERRORS,
+                                     &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, ==, 1);
+    g_assert_cmpuint(res.repaired_corruptions, ==, 1);
+    g_assert_true(ct_has_msg(&r, "snap_generation set to"));
+    extree_close(t);
+
+    /* repaired: the block the snapshot shares is shared again */
+    t = ct_open(be);
+    ct_check_clean(t, NULL);
+    g_assert_cmpint(lookup1(t, 1024, &run), ==, 0);
+    g_assert_cmpint(extree_data_shared(t, 1024, BS, run.host, &shared), ==,
+                    0);
+    g_assert_true(shared);
+    extree_close(t);
+    g_ptr_array_free(r.msgs, true);
+    extree_mem_backend_free(be);
+}
+
+/* The snapshot's root node as the entry names it, minus its last item */
+static void drop_last_ptr(ExtreeBackend *be)
+{
+    uint64_t root = entry_root(be);
+    uint8_t *buf = ct_node_read(be, root, NS);
+    uint32_t nr = ext_ld32(buf + EXT_NH_NRITEMS);
+
+    g_assert_cmpuint(buf[EXT_NH_LEVEL], ==, 1);
+    g_assert_cmpuint(nr, >=, 3);
+    memset(buf + EXTREE_NODE_HEADER_SIZE + (nr - 1) * EXT_PTR_ISZ, 0,
+           EXT_PTR_ISZ);
+    ext_st32(buf + EXT_NH_NRITEMS, nr - 1);
+    ct_node_write(be, root, buf, NS, true);
+    g_free(buf);
+}
+
+static void point_at_leaf(ExtreeDiskSnapEntry *e, void *opaque)
+{
+    const uint64_t *leaf = opaque;
+
+    e->root.bytenr = GUINT64_TO_LE(leaf[0]);
+    e->root.generation = GUINT64_TO_LE(leaf[1]);
+    e->root.level = 0;
+}
+
+/*
+ * Load, revert to and delete the snapshot: each fails with -EIO and leaves
+ * the image as it was (it opens, the live tree reads as before)
+ */
+static void snapshot_ops_fail(ExtreeBackend *be, const char *msg)
+{
+    ExtreeRun run;
+    Extree *t;
+
+    t = open_opts(be, true, false, 0, NULL);
+    corrupt_calls = 0;
+    extree_set_corrupt_handler(t, count_corrupt, NULL);
+    g_assert_cmpint(extree_snapshot_load_tmp(t, 0), ==, -EIO);
+    g_assert_cmpint(corrupt_calls, ==, 1);
+    g_assert_nonnull(strstr(extree_last_error(t), msg));
+    extree_close(t);
+
+    t = ct_open(be);
+    g_assert_cmpint(extree_snapshot_goto(t, 0), ==, -EIO);
+    g_assert_cmpint(extree_snapshot_delete(t, 0), ==, -EIO);
+    g_assert_nonnull(strstr(extree_last_error(t), msg));
+    extree_close(t);
+
+    t = ct_open(be);
+    g_assert_cmpuint(extree_snapshot_count(t), ==, 1);
+    for (int i = 0; i < NEXT; i++) {
+        g_assert_cmpint(lookup1(t, (uint64_t)i * 1024, &run), ==, 0);
+        g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
+    }
+    extree_close(t);
+}
+
+/*
+ * 2. A snapshot's root that maps less than its entry says: one item fewer,
+ * or one of the tree's leaves named as the root (its generation and level
+ * right).  Reads would find holes, a revert would store a tree the
+ * superblock contradicts.
+ */
+static void test_snap_root_lost_items(void)
+{
+    ExtreeBackend *be = make_image();
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeCheckResult res;
+    Extree *t;
+
+    drop_last_ptr(be);
+    snapshot_ops_fail(be, "snapshot '1' has extent_count 400");
+    t = open_opts(be, true, true, 0, NULL);
+    g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, >=, 1);
+    g_assert_true(ct_has_msg(&r, "snapshot '1' has extent_count 400"));
+    extree_close(t);
+    g_ptr_array_free(r.msgs, true);
+    extree_mem_backend_free(be);
+}
+
+static void test_snap_root_is_leaf(void)
+{
+    ExtreeBackend *be = make_image();
+    uint64_t leaf[2];
+    uint8_t *buf;
+
+    /* the old root's second child: a leaf the live tree still shares */
+    buf = ct_node_read(be, entry_root(be), NS);
+    leaf[0] = ext_ld64(buf + EXTREE_NODE_HEADER_SIZE + EXT_PTR_ISZ +
+                       EXT_KP_CHILD);
+    leaf[1] = ext_ld64(buf + EXTREE_NODE_HEADER_SIZE + EXT_PTR_ISZ +
+                       EXT_KP_GEN);
+    g_free(buf);
+    edit_entry(be, point_at_leaf, leaf);
+    snapshot_ops_fail(be, "is a leaf of 126 items");
+    extree_mem_backend_free(be);
+}
+
+/* Item @slot (-1: the last) of the leaf at @leaf moved to guest @key */
+static void move_item(ExtreeBackend *be, uint64_t leaf, int slot,
+                      uint64_t key)
+{
+    uint8_t *buf = ct_node_read(be, leaf, NS);
+
+    g_assert_cmpuint(buf[EXT_NH_LEVEL], ==, 0);
+    if (slot < 0) {
+        slot = ext_ld32(buf + EXT_NH_NRITEMS) - 1;
+    }
+    ct_item(buf, slot)->key = GUINT64_TO_LE(key);
+    ct_node_write(be, leaf, buf, NS, true);
+    g_free(buf);
+}
+
+/* The last child of the interior root at @root */
+static uint64_t last_child(ExtreeBackend *be, uint64_t root)
+{
+    uint8_t *buf = ct_node_read(be, root, NS);
+    uint32_t nr = ext_ld32(buf + EXT_NH_NRITEMS);
+    uint64_t child = ext_ld64(buf + EXTREE_NODE_HEADER_SIZE +
+                              (nr - 1) * EXT_PTR_ISZ + EXT_KP_CHILD);
+
+    g_free(buf);
+    return child;
+}
+
+/*
+ * 3. An extent item moved past the virtual size (but below the VM state
+ * area) in a leaf the live tree and the snapshot share: reading it fails,
+ * from either tree, and the checker reports it.  Also when the leaf was
+ * first read, and cached, through a tree it does fit (a snapshot larger
+ * than the live image).
+ */
+static void test_item_past_size(void)
+{
+    ExtreeBackend *be = make_image();
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeCheckResult res;
+    ExtreeDiskSuper sb;
+    uint64_t leaf;
+    ExtreeRun run;
+    Extree *t;
+
+    ct_read_super(be, &sb);
+    leaf = last_child(be, GUINT64_FROM_LE(sb.extent_root.bytenr));
+    g_assert_cmpuint(leaf, ==, last_child(be, entry_root(be)));
+    /* the last item, guest 399k, moved to 5 MiB */
+    move_item(be, leaf, -1, 5 * 1024 * 1024);
+
+    t = ct_open(be);
+    corrupt_calls = 0;
+    extree_set_corrupt_handler(t, count_corrupt, NULL);
+    g_assert_cmpint(lookup1(t, 399 * 1024, &run), ==, -EIO);
+    g_assert_nonnull(strstr(extree_last_error(t), "beyond the tree's "
+                            "virtual size"));
+    extree_close(t);
+    /* growing the image must not bring the item to light: it fails */
+    t = ct_open(be);
+    g_assert_cmpint(extree_set_virtual_size(t, 8 * 1024 * 1024), ==, -EIO);
+    g_assert_cmpuint(extree_virtual_size(t), ==, VSIZE);
+    g_assert_nonnull(strstr(extree_last_error(t), "beyond the tree's "
+                            "virtual size"));
+    extree_close(t);
+
+    t = open_opts(be, true, true, 0, NULL);
+    g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, >=, 1);
+    g_assert_true(ct_has_msg(&r, "beyond the tree's virtual size"));
+    extree_close(t);
+
+    t = open_opts(be, true, false, 0, NULL);
+    g_assert_cmpint(extree_snapshot_load_tmp(t, 0), ==, 0);
+    g_assert_cmpint(lookup1(t, 399 * 1024, &run), ==, -EIO);
+    extree_close(t);
+    g_ptr_array_free(r.msgs, true);
+    extree_mem_backend_free(be);
+}
+
+static void test_item_past_size_cached(void)
+{
+    ExtreeBackend *be = ct_create(2 * 1024 * 1024, BS, NS);
+    ExtreeSnapshotInfo info = { .icount = UINT64_MAX };
+    ExtreeDiskSuper sb;
+    uint64_t leaf;
+    ExtreeRun run;
+    Extree *t = ct_open(be);
+
+    /* a 2 MiB snapshot, then the live image grown to 4 MiB */
+    for (int i = 0; i < 300; i++) {
+        ct_write(t, (uint64_t)i * 1024, BS);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_strlcpy(info.name, "small", sizeof(info.name));
+    g_assert_cmpint(extree_snapshot_create(t, &info), ==, 0);
+    g_assert_cmpint(extree_set_virtual_size(t, VSIZE), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+
+    /* the last item of the shared last leaf moved to 3 MiB */
+    ct_read_super(be, &sb);
+    leaf = last_child(be, GUINT64_FROM_LE(sb.extent_root.bytenr));
+    g_assert_cmpuint(leaf, ==, last_child(be, entry_root(be)));
+    move_item(be, leaf, -1, 3 * 1024 * 1024);
+
+    /*
+     * Read through the live tree, where 3 MiB is inside the size, the leaf
+     * stays cached; reverting to the snapshot makes the 2 MiB tree reach it
+     */
+    t = ct_open(be);
+    g_assert_cmpint(lookup1(t, 298 * 1024, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
+    g_assert_cmpint(extree_snapshot_goto(t, 0), ==, 0);
+    g_assert_cmpuint(extree_virtual_size(t), ==, 2 * 1024 * 1024);
+    g_assert_cmpint(lookup1(t, 298 * 1024, &run), ==, -EIO);
+    g_assert_nonnull(strstr(extree_last_error(t), "beyond the tree's "
+                            "virtual size"));
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/*
+ * 4. A reference count recorded above the one found: a leak, which
+ * "-r leaks" repairs, not "no errors"
+ */
+static void test_refs_leak(void)
+{
+    ExtreeBackend *be = make_image();
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeCheckResult res;
+    ExtreeDiskSuper sb;
+    uint64_t refs;
+    uint8_t *buf;
+    Extree *t;
+
+    ct_read_super(be, &sb);
+    refs = GUINT64_FROM_LE(sb.ref_root.bytenr);
+    buf = ct_node_read(be, refs, NS);
+    g_assert_cmpuint(buf[EXT_NH_LEVEL], ==, 0);
+    g_assert_cmpuint(ext_ld32(buf + EXT_NH_NRITEMS), >=, 1);
+    g_assert_cmpuint(GUINT64_FROM_LE(ct_item(buf, 0)->host_offset), ==, 2);
+    ct_item(buf, 0)->host_offset = GUINT64_TO_LE(3);
+    ct_node_write(be, refs, buf, NS, true);
+    g_free(buf);
+
+    t = ct_open(be);
+    g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, ==, 0);
+    g_assert_cmpuint(res.leaks, >=, 1);
+    g_assert_cmpuint(res.leaked_ref_bytes, >=, NS);
+    g_assert_true(ct_has_msg(&r, "3 references recorded, 2 found"));
+    g_assert_cmpint(extree_check(t, true, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.repaired_leaks, ==, res.leaks);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    g_ptr_array_free(r.msgs, true);
+    extree_mem_backend_free(be);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/hostile-snap/snap-generation", test_snap_generation);
+    g_test_add_func("/hostile-snap/root-lost-items",
+                    test_snap_root_lost_items);
+    g_test_add_func("/hostile-snap/root-is-leaf", test_snap_root_is_leaf);
+    g_test_add_func("/hostile-snap/item-past-size", test_item_past_size);
+    g_test_add_func("/hostile-snap/item-past-size-cached",
+                    test_item_past_size_cached);
+    g_test_add_func("/hostile-snap/refs-leak", test_refs_leak);
+    return g_test_run();
+}
