@@ -18,6 +18,16 @@
 #   xtpoke.py IMAGE host-end N         host_end N in the newest one
 #   xtpoke.py IMAGE backing-junk       a non-zero byte after the backing
 #                                      file name in the newest one
+#   Images with snapshots (entry 0 of the snapshot table is "the snapshot"):
+#   xtpoke.py IMAGE snap-generation N  snap_generation N in both superblocks
+#   xtpoke.py IMAGE snap-root-drop     the snapshot's root loses its last
+#                                      item
+#   xtpoke.py IMAGE snap-root-leaf     the snapshot's entry names the second
+#                                      child of its root (a leaf), with the
+#                                      leaf's generation and level 0
+#   xtpoke.py IMAGE item-past-size K   the last item of the live tree's last
+#                                      leaf moved to guest offset K
+#   xtpoke.py IMAGE refs-up            the first REFS count raised by one
 #   (checksums are recomputed: only semantic validation can catch these)
 #
 # Copyright (c) 2026 The extree authors
@@ -68,7 +78,9 @@ class Image:
         self.block_size, self.node_size = struct.unpack_from('<II', sb, 64)
         self.host_end = struct.unpack_from('<Q', sb, 72)[0]
         self.roots = {'extent': struct.unpack_from('<QQB', sb, 80),
-                      'free': struct.unpack_from('<QQB', sb, 104)}
+                      'free': struct.unpack_from('<QQB', sb, 104),
+                      'refs': struct.unpack_from('<QQB', sb, 160)}
+        self.snap_table, self.snap_count = struct.unpack_from('<QI', sb, 184)
 
     def read(self, off, n):
         self.f.seek(off)
@@ -97,6 +109,21 @@ class Image:
     def fix_node_csum(self, off):
         b = self.read(off, self.node_size)
         self.write(off, struct.pack('<I', crc32c(b[4:])))
+
+    def rewrite_snap_entry(self, i, change):
+        """Entry @i of the snapshot table changed, table checksum fixed"""
+        n = 64 + 512 * self.snap_count
+        b = bytearray(self.read(self.snap_table, n))
+        e = bytearray(b[64 + 512 * i:64 + 512 * (i + 1)])
+        change(e)
+        b[64 + 512 * i:64 + 512 * (i + 1)] = e
+        struct.pack_into('<I', b, 4, 0)
+        struct.pack_into('<I', b, 4, crc32c(bytes(b)))
+        self.write(self.snap_table, bytes(b))
+
+    def snap_root(self, i):
+        e = self.read(self.snap_table + 64 + 512 * i, 24)
+        return struct.unpack_from('<QQB', e, 0)
 
     def rewrite_super(self, slot, change):
         b = bytearray(self.slots[slot][1])
@@ -222,6 +249,47 @@ def main():
                                                             0x41))
         print('superblock slot %d: junk after the backing file name' %
               img.slot)
+    elif what == 'snap-generation':
+        gen = int(sys.argv[3], 0)
+        for slot in img.slots:
+            img.rewrite_super(slot, lambda b: struct.pack_into('<Q', b, 200,
+                                                               gen))
+        print('both superblocks: snap_generation %d' % gen)
+    elif what == 'snap-root-drop':
+        off = img.snap_root(0)[0]
+        b = bytearray(img.read(off, img.node_size))
+        nr = struct.unpack_from('<I', b, 32)[0]
+        isz = PTR_ITEM if b[28] else LEAF_ITEM
+        b[HDR + isz * (nr - 1):HDR + isz * nr] = bytes(isz)
+        struct.pack_into('<I', b, 32, nr - 1)
+        img.write(off, bytes(b))
+        img.fix_node_csum(off)
+        print('snapshot root: %d items, was %d' % (nr - 1, nr))
+    elif what == 'snap-root-leaf':
+        off = img.snap_root(0)[0]
+        b = img.read(off, img.node_size)
+        assert b[28] == 1
+        child, gen = struct.unpack_from('<QQ', b, HDR + PTR_ITEM + 8)
+
+        def point(e):
+            struct.pack_into('<QQB', e, 0, child, gen, 0)
+        img.rewrite_snap_entry(0, point)
+        print('snapshot entry: root is a leaf of its tree')
+    elif what == 'item-past-size':
+        key = int(sys.argv[3], 0)
+        off = leaves[-1][0]
+        nr = leaves[-1][2]
+        img.write(off + HDR + LEAF_ITEM * (nr - 1), struct.pack('<Q', key))
+        img.fix_node_csum(off)
+        print('last extent item moved to 0x%x' % key)
+    elif what == 'refs-up':
+        off = img.roots['refs'][0]
+        b = img.read(off, img.node_size)
+        assert b[28] == 0
+        count = struct.unpack_from('<Q', b, HDR + 16)[0]
+        img.write(off + HDR + 16, struct.pack('<Q', count + 1))
+        img.fix_node_csum(off)
+        print('reference count %d -> %d' % (count, count + 1))
     else:
         sys.exit('xtpoke.py: unknown request ' + what)
     img.f.close()
