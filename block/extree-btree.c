@@ -1196,6 +1196,106 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
 }
 
 
+/* ---- probes into other roots ---- */
+
+void extree_probe_release(Extree *t, ExtreeProbe *pr)
+{
+    extree_path_release(t, &pr->p);
+}
+
+/*
+ * The node at @level of pr->tree whose key range holds @key (*@out, pinned
+ * by the probe), or NULL if the tree is not that deep.  Levels of the last
+ * probe's path whose range still holds @key are kept: probes at
+ * increasing keys cost one walk of the nodes they reach, each node
+ * validated against its parent as on any descent.
+ */
+int extree_bt_probe(Extree *t, ExtreeProbe *pr, uint64_t key,
+                    unsigned level, ExtreeNode **out)
+{
+    ExtreeTree *tree = pr->tree;
+    ExtreePath *p = &pr->p;
+    int l = tree->level;
+    int ret;
+
+    *out = NULL;
+    if (level > tree->level) {
+        return 0;
+    }
+    /* the lowest kept level whose range holds @key */
+    while (l > (int)level && p->nodes[l - 1] &&
+           key >= pr->lo[l - 1] && key < pr->hi[l - 1]) {
+        l--;
+    }
+    if (!p->nodes[tree->level] || p->nodes[tree->level]->bytenr != tree->root) {
+        ExtreeNodeExpect e;
+
+        extree_path_release(t, p);
+        extree_tree_expect(t, tree, &e);
+        ret = extree_node_get(t, tree->root, &e, &p->nodes[tree->level]);
+        if (ret < 0) {
+            return ret;
+        }
+        pr->lo[tree->level] = 0;
+        pr->hi[tree->level] = UINT64_MAX;
+        l = tree->level;
+    }
+    for (; l > (int)level; l--) {
+        ExtreeNode *n = p->nodes[l];
+        int slot = ptr_slot(n, key);
+        ExtreeNodeExpect e;
+
+        for (int k = l - 1; k >= 0 && p->nodes[k]; k--) {
+            extree_node_unref(t, p->nodes[k]);
+            p->nodes[k] = NULL;
+        }
+        child_expect(tree, n, slot, pr->hi[l], &e);
+        ret = extree_node_get(t, ptr_get_child(n, slot), &e, &p->nodes[l - 1]);
+        if (ret < 0) {
+            return ret;
+        }
+        p->slots[l] = slot;
+        pr->lo[l - 1] = ptr_key(n, slot);
+        pr->hi[l - 1] = e.key_end;
+    }
+    *out = p->nodes[level];
+    return 0;
+}
+
+/*
+ * Does a root of @guard reach the node @n (about to be freed)?  Then its
+ * count was too low: corruption.  O(roots x depth) node lookups, about
+ * one walk of the roots' nodes in the key range a drop covers.
+ */
+static int guard_check(Extree *t, ExtreeDropGuard *guard, ExtreeNode *n)
+{
+    unsigned level = node_level(n);
+
+    for (unsigned i = 0; guard && i < guard->nkeep; i++) {
+        ExtreeProbe *pr = &guard->keep[i];
+        ExtreeNode *m;
+        int ret;
+
+        if (pr->tree->root == n->bytenr) {
+            m = n;
+        } else if (node_nritems(n)) {
+            ret = extree_bt_probe(t, pr, node_key(n, 0), level, &m);
+            if (ret < 0) {
+                return ret;
+            }
+        } else {
+            m = NULL;
+        }
+        if (m && m->bytenr == n->bytenr) {
+            return extree_corrupt(t, n->bytenr, "corrupt reference count "
+                                  "tree: extent tree node at offset 0x%"
+                                  PRIx64 " has 1 reference, but another "
+                                  "root reaches it too", n->bytenr);
+        }
+    }
+    return 0;
+}
+
 /* ---- whole trees ---- */
 
 /*
@@ -1234,7 +1334,7 @@ static void drop_readahead(Extree *t, ExtreeTree *tree, const ExtreeNode *n,
 /* drop_tree(): one reference fewer for the node @bytenr (@e expects it) */
 static int drop_node(Extree *t, ExtreeTree *tree, uint64_t bytenr,
                      const ExtreeNodeExpect *e, ExtreeRemovedFn *removed,
-                     void *opaque)
+                     void *opaque, ExtreeDropGuard *guard)
 {
     uint32_t count;
     ExtreeNode *n;
@@ -1251,6 +1351,11 @@ static int drop_node(Extree *t, ExtreeTree *tree, uint64_t bytenr,
     if (ret < 0) {
         return ret;
     }
+    ret = guard_check(t, guard, n);
+    if (ret < 0) {
+        extree_node_unref(t, n);
+        return ret;
+    }
     nr = node_nritems(n);
     if (node_level(n)) {
         drop_readahead(t, tree, n, e->key_end);
@@ -1261,7 +1366,7 @@ static int drop_node(Extree *t, ExtreeTree *tree, uint64_t bytenr,
 
             child_expect(tree, n, i, e->key_end, &ce);
             ret = drop_node(t, tree, ptr_get_child(n, i), &ce, removed,
-                            opaque);
+                            opaque, guard);
         } else if (removed) {
             ExtreeItem it;
 
@@ -1284,14 +1389,14 @@ static int drop_node(Extree *t, ExtreeTree *tree, uint64_t bytenr,
  * O(nodes freed).  The tree must hold no node of this transaction.
  */
 int extree_bt_drop(Extree *t, ExtreeTree *tree, ExtreeRemovedFn *removed,
-                   void *opaque)
+                   void *opaque, ExtreeDropGuard *guard)
 {
     ExtreeNodeExpect e;
 
     extree_path_release(t, &t->pcache[tree->owner]);
     extree_tree_expect(t, tree, &e);
     t->seq++;
-    return drop_node(t, tree, tree->root, &e, removed, opaque);
+    return drop_node(t, tree, tree->root, &e, removed, opaque, guard);
 }
 
 /* @tree becomes an empty root leaf in new space */

@@ -138,6 +138,99 @@ int extree_extent_release(void *opaque, const ExtreeItem *it)
     return drop_data(t, it->host, it->length);
 }
 
+/* The first item of @leaf that ends after @pos */
+static int leaf_first_ending_after(const ExtreeNode *leaf, uint64_t pos)
+{
+    int lo = 0, hi = node_nritems(leaf);
+
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+
+        if (leaf_key(leaf, mid) + leaf_len(leaf, mid) > pos) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    return lo;
+}
+
+/*
+ * The first part of guest [guest, guest + len) that the tree of @pr maps
+ * to the same host bytes as DATA at @host does (guest g at host + (g -
+ * guest)): *@found and *@flen, or *@flen = 0 if none.  The tree's leaves
+ * of the range are read through the probe.
+ */
+int extree_probe_same_data(Extree *t, ExtreeProbe *pr, uint64_t guest,
+                           uint64_t len, uint64_t host, uint64_t *found,
+                           uint64_t *flen)
+{
+    uint64_t pos = guest, end = guest + len;
+
+    *flen = 0;
+    while (pos < end) {
+        ExtreeNode *leaf;
+        int nr, ret;
+
+        ret = extree_bt_probe(t, pr, pos, 0, &leaf);
+        if (ret < 0) {
+            return ret;
+        }
+        nr = node_nritems(leaf);
+        for (int i = leaf_first_ending_after(leaf, pos);
+             i < nr && leaf_key(leaf, i) < end; i++) {
+            ExtreeItem it;
+
+            leaf_get(leaf, i, &it);
+            /* keys and host offsets are below 2^63: no overflow */
+            if (it.type == EXTREE_ITEM_DATA &&
+                it.host + guest == host + it.key) {
+                *found = MAX(it.key, pos);
+                *flen = MIN(it.key + it.length, end) - *found;
+                return 0;
+            }
+        }
+        if (pr->hi[0] == UINT64_MAX) {
+            break;
+        }
+        pos = pr->hi[0];
+    }
+    return 0;
+}
+
+/*
+ * Does a snapshot map guest [guest, guest + bytes) to @host, which the
+ * counts say the live tree alone uses?  A count recorded too low
+ * (corruption) would let a write change the snapshot's data in place.
+ * A descent per snapshot, through cached nodes mostly.
+ */
+static int snapshots_use(Extree *t, uint64_t guest, uint64_t bytes,
+                         uint64_t host)
+{
+    int ret = 0;
+
+    for (unsigned i = 0; t->snaps && i < t->snaps->len && ret == 0; i++) {
+        const ExtreeSnap *sn = &g_array_index(t->snaps, ExtreeSnap, i);
+        ExtreeTree tree;
+        ExtreeProbe pr = { .tree = &tree };
+        uint64_t found, flen;
+
+        extree_snap_tree(t, sn, &tree);
+        ret = extree_probe_same_data(t, &pr, guest, bytes, host, &found,
+                                     &flen);
+        extree_probe_release(t, &pr);
+        if (ret == 0 && flen) {
+            ret = extree_corrupt(t, host + (found - guest), "corrupt "
+                                 "reference count tree: host range at "
+                                 "offset 0x%" PRIx64 " length 0x%" PRIx64
+                                 " has 1 reference, snapshot '%s' maps it "
+                                 "too", host + (found - guest), flen,
+                                 sn->id);
+        }
+    }
+    return ret;
+}
+
 /*
  * May the DATA that guest [guest, guest + bytes) maps at @host be written
  * in place?  Not when a block of it, or a node on a path to it, has more
@@ -190,6 +283,9 @@ int extree_data_shared(Extree *t, uint64_t guest, uint64_t bytes,
         pos = leaf_key(leaf, nr - 1) + leaf_len(leaf, nr - 1);
     }
     extree_path_release(t, &p);
+    if (ret == 0 && !*shared) {
+        ret = snapshots_use(t, guest, bytes, host);
+    }
     return ret;
 }
 

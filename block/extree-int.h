@@ -629,6 +629,19 @@ static inline bool extree_item_past_size(uint64_t key, uint64_t len,
     return key < EXTREE_VMSTATE_BASE && key + len > data_end;
 }
 
+/* A tree descriptor for snapshot @sn's extent tree */
+static inline void extree_snap_tree(Extree *t, const ExtreeSnap *sn,
+                                    ExtreeTree *tree)
+{
+    *tree = t->trees[EXTREE_TREE_EXTENT];
+    tree->root = sn->root;
+    tree->root_gen = sn->root_gen;
+    tree->level = sn->level;
+    tree->nitems = sn->extent_count;
+    tree->total = sn->extent_bytes;
+    tree->data_end = EXTREE_ROUND_UP(sn->virtual_size, t->block_size);
+}
+
 /*
  * Updates need a handle that may change: read-write, not broken, not
  * marked corrupt, free space known
@@ -650,6 +663,31 @@ static inline int extree_check_writable(const Extree *t)
 
 /* extree-btree.c: a B+tree of range items over a space map */
 void extree_path_release(Extree *t, ExtreePath *p);
+
+/*
+ * A probe into a tree that is not being changed (another root than the one
+ * a drop or a write works on): a path kept between calls, with the key
+ * range of each node on it, so that probes at increasing keys read each
+ * node they reach about once.  Zero-initialise; extree_probe_release().
+ */
+typedef struct ExtreeProbe {
+    ExtreeTree *tree;
+    ExtreePath p;
+    uint64_t lo[EXTREE_MAX_LEVELS], hi[EXTREE_MAX_LEVELS];
+} ExtreeProbe;
+int extree_bt_probe(Extree *t, ExtreeProbe *pr, uint64_t key,
+                    unsigned level, ExtreeNode **out);
+void extree_probe_release(Extree *t, ExtreeProbe *pr);
+/*
+ * A drop's guard: the roots that stay.  Before a node is freed, each of
+ * them is probed at the node's first key and level; one that reaches it
+ * means the node's count was too low (corruption), and the drop fails
+ * before it frees anything the others use.
+ */
+typedef struct ExtreeDropGuard {
+    ExtreeProbe *keep;
+    unsigned nkeep;
+} ExtreeDropGuard;
 int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
                       uint64_t start, uint64_t len,
                       ExtreeRemovedFn *removed, void *opaque);
@@ -671,7 +709,7 @@ int extree_bt_next_leaf_covered(Extree *t, ExtreeTree *tree, ExtreePath *p,
                                 uint64_t *end, uint64_t limit);
 void extree_tree_expect(Extree *t, ExtreeTree *tree, ExtreeNodeExpect *e);
 int extree_bt_drop(Extree *t, ExtreeTree *tree, ExtreeRemovedFn *removed,
-                   void *opaque);
+                   void *opaque, ExtreeDropGuard *guard);
 int extree_bt_new_root(Extree *t, ExtreeTree *tree);
 
 /* extree-alloc.c: free space in memory, placement, the space map */
@@ -734,6 +772,9 @@ int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
                          uint64_t bytes);
 int extree_extent_share(Extree *t, const ExtreeItem *it);
 int extree_extent_release(void *opaque, const ExtreeItem *it);
+int extree_probe_same_data(Extree *t, ExtreeProbe *pr, uint64_t guest,
+                           uint64_t len, uint64_t host, uint64_t *found,
+                           uint64_t *flen);
 
 /* extree-txn.c */
 uint64_t extree_sb_free_bytes(const Extree *t);

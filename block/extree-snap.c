@@ -208,17 +208,6 @@ int extree_snapshot_create(Extree *t, ExtreeSnapshotInfo *info)
     return ret;
 }
 
-/* A tree descriptor for snapshot @sn's extent tree */
-static void snap_tree(Extree *t, const ExtreeSnap *sn, ExtreeTree *tree)
-{
-    *tree = t->trees[EXTREE_TREE_EXTENT];
-    tree->root = sn->root;
-    tree->root_gen = sn->root_gen;
-    tree->level = sn->level;
-    tree->nitems = sn->extent_count;
-    tree->total = sn->extent_bytes;
-    tree->data_end = EXTREE_ROUND_UP(sn->virtual_size, t->block_size);
-}
 
 /*
  * The snapshot's root must map what its entry says: a root that lost
@@ -235,7 +224,7 @@ static int snap_root_check(Extree *t, const ExtreeSnap *sn)
     ExtreeNode *n;
     int ret;
 
-    snap_tree(t, sn, &tree);
+    extree_snap_tree(t, sn, &tree);
     extree_tree_expect(t, &tree, &e);
     ret = extree_node_get(t, sn->root, &e, &n);
     if (ret < 0) {
@@ -257,11 +246,115 @@ static int snap_root_check(Extree *t, const ExtreeSnap *sn)
     return ret;
 }
 
+/*
+ * A drop that verifies before it frees (docs/reliability.rst, "Reference
+ * counts recorded too low"): the roots that stay are probed at every node
+ * the drop frees (extree_bt_drop()'s guard) and at every DATA item of a
+ * freed leaf.  A root that maps what the counts say only the dropped tree
+ * uses fails the drop with -EIO before anything it uses is freed: the
+ * operation fails and the last commit stands.
+ */
+typedef struct DropCtx {
+    Extree *t;
+    ExtreeTree *trees;
+    ExtreeDropGuard guard;
+} DropCtx;
+
+/* The roots that stay: every snapshot but @skip, and the live tree */
+static void keep_init(Extree *t, DropCtx *dc, unsigned skip, bool live)
+{
+    unsigned n = 0;
+
+    dc->t = t;
+    dc->trees = g_new(ExtreeTree, extree_snapshot_count(t) + 1);
+    dc->guard.keep = g_new0(ExtreeProbe, extree_snapshot_count(t) + 1);
+    for (unsigned i = 0; i < extree_snapshot_count(t); i++) {
+        if (i != skip) {
+            extree_snap_tree(t, &g_array_index(t->snaps, ExtreeSnap, i),
+                             &dc->trees[n++]);
+        }
+    }
+    if (live) {
+        dc->trees[n++] = t->trees[EXTREE_TREE_EXTENT];
+    }
+    for (unsigned i = 0; i < n; i++) {
+        dc->guard.keep[i].tree = &dc->trees[i];
+    }
+    dc->guard.nkeep = n;
+}
+
+static void keep_destroy(DropCtx *dc)
+{
+    for (unsigned i = 0; i < dc->guard.nkeep; i++) {
+        extree_probe_release(dc->t, &dc->guard.keep[i]);
+    }
+    g_free(dc->guard.keep);
+    g_free(dc->trees);
+}
+
+/* Every block of host [start, start + len) has a count of 2 or more */
+static bool refs_shared(Extree *t, uint64_t start, uint64_t len)
+{
+    uint64_t pos = start, end = start + len;
+    ExtreeRefRange r;
+
+    while (pos < end) {
+        if (!extree_refs_next(t, pos, end, &r) || r.start > pos) {
+            return false;
+        }
+        pos = r.start + r.len;
+    }
+    return true;
+}
+
+/*
+ * An item of a freed leaf: its DATA loses the dropped tree's reference,
+ * after the check that every part a root that stays maps too has a count
+ * that keeps it
+ */
+static int drop_release(void *opaque, const ExtreeItem *it)
+{
+    DropCtx *dc = opaque;
+    Extree *t = dc->t;
+
+    for (unsigned i = 0; it->type == EXTREE_ITEM_DATA && i < dc->guard.nkeep;
+         i++) {
+        uint64_t pos = it->key, end = it->key + it->length;
+
+        while (pos < end) {
+            uint64_t found, flen, h;
+            int ret;
+
+            ret = extree_probe_same_data(t, &dc->guard.keep[i], pos,
+                                         end - pos,
+                                         it->host + (pos - it->key),
+                                         &found, &flen);
+            if (ret < 0) {
+                return ret;
+            }
+            if (!flen) {
+                break;
+            }
+            h = it->host + (found - it->key);
+            if (!refs_shared(t, h, flen)) {
+                return extree_corrupt(t, h, "corrupt reference count tree: "
+                                      "host range at offset 0x%" PRIx64
+                                      " length 0x%" PRIx64 " has 1 "
+                                      "reference, but another root maps "
+                                      "it too", h, flen);
+            }
+            pos = found + flen;
+        }
+    }
+    return extree_extent_release(t, it);
+}
+
 int extree_snapshot_goto(Extree *t, unsigned index)
 {
     ExtreeTree *et = &t->trees[EXTREE_TREE_EXTENT];
     ExtreeTree old;
     ExtreeSnap *sn;
+    DropCtx dc;
     int ret;
 
     ret = begin(t, index);
@@ -277,11 +370,14 @@ int extree_snapshot_goto(Extree *t, unsigned index)
     ret = t->sm.ops->inc_ref(t->sm.opaque, sn->root, t->node_size);
     if (ret == 0) {
         old = *et;
-        snap_tree(t, sn, et);
+        extree_snap_tree(t, sn, et);
         t->virtual_size = sn->virtual_size;
         t->snap_gen = t->trans_gen;
         t->super_dirty = true;
-        ret = extree_bt_drop(t, &old, extree_extent_release, t);
+        /* every snapshot stays, the one reverted to among them */
+        keep_init(t, &dc, UINT_MAX, false);
+        ret = extree_bt_drop(t, &old, drop_release, &dc, &dc.guard);
+        keep_destroy(&dc);
     }
     return finish(t, ret);
 }
@@ -289,6 +385,7 @@ int extree_snapshot_goto(Extree *t, unsigned index)
 int extree_snapshot_delete(Extree *t, unsigned index)
 {
     ExtreeTree tree;
+    DropCtx dc;
     int ret;
 
     ret = begin(t, index);
@@ -299,8 +396,10 @@ int extree_snapshot_delete(Extree *t, unsigned index)
     if (ret < 0) {
         return ret;
     }
-    snap_tree(t, &g_array_index(t->snaps, ExtreeSnap, index), &tree);
-    ret = extree_bt_drop(t, &tree, extree_extent_release, t);
+    extree_snap_tree(t, &g_array_index(t->snaps, ExtreeSnap, index), &tree);
+    keep_init(t, &dc, index, true);
+    ret = extree_bt_drop(t, &tree, drop_release, &dc, &dc.guard);
+    keep_destroy(&dc);
     if (ret == 0) {
         g_array_remove_index(t->snaps, index);
         ret = extree_snap_table_moved(t);
@@ -328,7 +427,7 @@ int extree_snapshot_load_tmp(Extree *t, unsigned index)
         return ret;
     }
     extree_path_release(t, &t->pcache[EXTREE_TREE_EXTENT]);
-    snap_tree(t, sn, et);
+    extree_snap_tree(t, sn, et);
     t->virtual_size = sn->virtual_size;
     t->snap_view = index;
     t->seq++;

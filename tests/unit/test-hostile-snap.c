@@ -422,6 +422,158 @@ static void test_refs_leak(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * 6. Reference counts recorded too low (a REFS item removed, checksum
+ * fixed): the count of what the snapshot and the live tree share says 1.
+ * A delete, a revert or an in-place write would free or change what
+ * another root still uses; each fails with -EIO instead, before it frees
+ * or writes anything, and "-r all" repairs the counts.
+ */
+
+/* Remove the REFS item that covers host offset @host */
+static void refs_remove(ExtreeBackend *be, uint64_t host)
+{
+    ExtreeDiskSuper sb;
+    uint64_t refs;
+    uint8_t *buf;
+    uint32_t nr;
+    int i;
+
+    ct_read_super(be, &sb);
+    refs = GUINT64_FROM_LE(sb.ref_root.bytenr);
+    buf = ct_node_read(be, refs, NS);
+    g_assert_cmpuint(buf[EXT_NH_LEVEL], ==, 0);
+    nr = ext_ld32(buf + EXT_NH_NRITEMS);
+    for (i = 0; i < (int)nr; i++) {
+        uint64_t key = GUINT64_FROM_LE(ct_item(buf, i)->key);
+        uint64_t len = GUINT64_FROM_LE(ct_item(buf, i)->length);
+
+        if (key <= host && host - key < len) {
+            break;
+        }
+    }
+    g_assert_cmpint(i, <, (int)nr);
+    memmove(ct_item(buf, i), ct_item(buf, i + 1),
+            (nr - i - 1) * sizeof(ExtreeDiskItem));
+    memset(ct_item(buf, nr - 1), 0, sizeof(ExtreeDiskItem));
+    ext_st32(buf + EXT_NH_NRITEMS, nr - 1);
+    ct_node_write(be, refs, buf, NS, true);
+    g_free(buf);
+}
+
+/* The host offset of guest @guest in the live tree */
+static uint64_t live_host(ExtreeBackend *be, uint64_t guest)
+{
+    Extree *t = open_opts(be, true, false, 0, NULL);
+    ExtreeRun run;
+    uint64_t host;
+
+    g_assert_cmpint(lookup1(t, guest, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
+    host = run.host;
+    extree_close(t);
+    return host;
+}
+
+/* After the failed operation: every extent of both trees intact */
+static void refs_low_after(ExtreeBackend *be)
+{
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeCheckResult res;
+    ExtreeRun run;
+    Extree *t;
+
+    t = open_opts(be, true, true, 0, NULL);
+    g_assert_cmpuint(extree_snapshot_count(t), ==, 1);
+    g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+    /* the count shortfall, and nothing freed that a tree uses */
+    g_assert_cmpuint(res.corruptions, >=, 1);
+    g_assert_true(ct_has_msg(&r, "1 references recorded, 2 found"));
+    g_assert_false(ct_has_msg(&r, "free"));
+    extree_close(t);
+
+    t = open_opts(be, false, true, 0, NULL);
+    g_assert_cmpint(extree_check_fix(t, EXTREE_FIX_LEAKS | EXTREE_FIX_ERRORS,
+                                     &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, ==, res.repaired_corruptions);
+    extree_close(t);
+    t = ct_open(be);
+    ct_check_clean(t, NULL);
+    g_assert_cmpint(extree_snapshot_delete(t, 0), ==, 0);
+    ct_check_clean(t, NULL);
+    for (int i = 0; i < NEXT; i++) {
+        g_assert_cmpint(lookup1(t, (uint64_t)i * 1024, &run), ==, 0);
+        g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
+    }
+    extree_close(t);
+    g_ptr_array_free(r.msgs, true);
+}
+
+static void test_refs_low_delete_data(void)
+{
+    ExtreeBackend *be = make_image();
+    Extree *t;
+
+    /* guest 1k: s1's old first leaf and the live copy share its data */
+    refs_remove(be, live_host(be, 1024));
+    t = ct_open(be);
+    corrupt_calls = 0;
+    extree_set_corrupt_handler(t, count_corrupt, NULL);
+    g_assert_cmpint(extree_snapshot_delete(t, 0), ==, -EIO);
+    g_assert_cmpint(corrupt_calls, ==, 1);
+    g_assert_nonnull(strstr(extree_last_error(t), "another root maps it"));
+    extree_close(t);
+    refs_low_after(be);
+    extree_mem_backend_free(be);
+}
+
+static void test_refs_low_delete_node(void)
+{
+    ExtreeBackend *be = make_image();
+    ExtreeDiskSuper sb;
+    Extree *t;
+
+    /* the last leaf: s1 and the live tree share it */
+    ct_read_super(be, &sb);
+    refs_remove(be, last_child(be, GUINT64_FROM_LE(sb.extent_root.bytenr)));
+    t = ct_open(be);
+    g_assert_cmpint(extree_snapshot_delete(t, 0), ==, -EIO);
+    g_assert_nonnull(strstr(extree_last_error(t), "another root reaches"));
+    extree_close(t);
+    refs_low_after(be);
+    extree_mem_backend_free(be);
+}
+
+static void test_refs_low_goto(void)
+{
+    ExtreeBackend *be = make_image();
+    Extree *t;
+
+    refs_remove(be, live_host(be, 1024));
+    t = ct_open(be);
+    g_assert_cmpint(extree_snapshot_goto(t, 0), ==, -EIO);
+    extree_close(t);
+    refs_low_after(be);
+    extree_mem_backend_free(be);
+}
+
+static void test_refs_low_write(void)
+{
+    ExtreeBackend *be = make_image();
+    uint64_t host = live_host(be, 1024);
+    bool shared = false;
+    Extree *t;
+
+    refs_remove(be, host);
+    t = ct_open(be);
+    g_assert_cmpint(extree_data_shared(t, 1024, BS, host, &shared), ==,
+                    -EIO);
+    g_assert_nonnull(strstr(extree_last_error(t), "snapshot '1' maps it"));
+    extree_close(t);
+    refs_low_after(be);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -433,5 +585,11 @@ int main(int argc, char **argv)
     g_test_add_func("/hostile-snap/item-past-size-cached",
                     test_item_past_size_cached);
     g_test_add_func("/hostile-snap/refs-leak", test_refs_leak);
+    g_test_add_func("/hostile-snap/refs-low-delete-data",
+                    test_refs_low_delete_data);
+    g_test_add_func("/hostile-snap/refs-low-delete-node",
+                    test_refs_low_delete_node);
+    g_test_add_func("/hostile-snap/refs-low-goto", test_refs_low_goto);
+    g_test_add_func("/hostile-snap/refs-low-write", test_refs_low_write);
     return g_test_run();
 }
