@@ -794,6 +794,90 @@ static void test_collapse_shared(void)
     g_array_free(c.snaps, true);
 }
 
+/*
+ * Taking a snapshot succeeds once its commit has (issue 37, 7): the live
+ * tree letting go of the VM state afterwards is a transaction of its own,
+ * and its failure must not report the snapshot as not taken.  Each write,
+ * then each flush, of the operation fails in turn; the answer must agree
+ * with the committed generation and with the image reopened.
+ */
+static void test_vmstate_drop_fails(void)
+{
+    size_t len = 3 * BS + 1234;
+    uint8_t *state = g_malloc(len), *back = g_malloc(len);
+    uint64_t seed = 11;
+
+    for (size_t i = 0; i < len; i++) {
+        state[i] = model_rand(&seed);
+    }
+    for (int kind = 0; kind < 2; kind++) {
+        unsigned mask = kind ? EXTREE_FAULT_FLUSH : EXTREE_FAULT_WRITE;
+        unsigned after = 0;     /* faults that hit the drop */
+        bool done = false;
+
+        for (uint64_t nth = 0; !done; nth++) {
+            ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+            Extree *t = ct_open(be), *ro;
+            ExtreeSnapshotInfo info = { .icount = UINT64_MAX };
+            uint64_t gen;
+            bool taken;
+            int ret;
+
+            ct_write(t, 0, 4 * BS);
+            g_assert_cmpint(extree_vmstate_write(t, 0, state, len), ==, 0);
+            g_assert_cmpint(extree_commit(t), ==, 0);
+            gen = extree_generation(t);
+            info.vm_state_size = len;
+            extree_mem_backend_inject_fault(be, mask, nth, false);
+            ret = extree_snapshot_create(t, &info);
+            done = extree_mem_backend_faults(be) == 0;
+            extree_mem_backend_inject_fault(be, 0, 0, false);
+            taken = extree_generation(t) > gen;
+            if (g_test_verbose()) {
+                g_printerr("%s fault %" PRIu64 ": create %d, generation "
+                           "%" PRIu64 " -> %" PRIu64 "\n",
+                           kind ? "flush" : "write", nth, ret, gen,
+                           extree_generation(t));
+            }
+            g_assert_cmpint(ret, ==, taken ? 0 : -EIO);
+            if (taken && !done) {
+                after++;
+                /*
+                 * a failed write leaves the drop pending for the next
+                 * commit; a failed flush leaves the handle broken
+                 */
+                g_assert_cmpint(extree_commit(t), ==, kind ? -EIO : 0);
+            }
+            extree_close(t);
+
+            t = ct_open(be);
+            if (!kind) {
+                g_assert_cmpuint(extree_snapshot_count(t), ==, taken);
+                g_assert_cmpint(extree_vmstate_read(t, 0, back, len), ==, 0);
+                for (size_t i = 0; i < len; i++) {
+                    g_assert_cmpint(back[i], ==, taken ? 0 : state[i]);
+                }
+            } else if (taken) {
+                g_assert_cmpuint(extree_snapshot_count(t), ==, 1);
+            }
+            ct_check_clean(t, NULL);
+            extree_close(t);
+            if (taken) {
+                ro = ct_open_opts(be, true, 0, 0);
+                g_assert_cmpint(extree_snapshot_load_tmp(ro, 0), ==, 0);
+                g_assert_cmpint(extree_vmstate_read(ro, 0, back, len), ==,
+                                0);
+                g_assert_cmpmem(back, len, state, len);
+                extree_close(ro);
+            }
+            extree_mem_backend_free(be);
+        }
+        g_assert_cmpuint(after, >, 0);
+    }
+    g_free(state);
+    g_free(back);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -805,5 +889,6 @@ int main(int argc, char **argv)
     g_test_add_func("/snap/check-counts", test_check_counts);
     g_test_add_func("/snap/root-count", test_root_count);
     g_test_add_func("/snap/collapse-shared", test_collapse_shared);
+    g_test_add_func("/snap/vmstate-drop-fails", test_vmstate_drop_fails);
     return g_test_run();
 }
