@@ -810,7 +810,13 @@ static int free_node(Extree *t, ExtreeNode *n)
     return ret;
 }
 
-/* The root is interior with one child: the child becomes the root */
+/*
+ * The root is interior with one child: the child becomes the root.  Only
+ * the first root is this transaction's; below it the root may come to an
+ * uncopied node that a snapshot shares, and when that one has a single
+ * child too, it is released like a copied node: its child gains the
+ * reference the root descriptor now holds.
+ */
 static int collapse_root(Extree *t, ExtreeTree *tree)
 {
     while (tree->level > 0) {
@@ -832,7 +838,7 @@ static int collapse_root(Extree *t, ExtreeTree *tree)
         tree->root = kp.child;
         tree->root_gen = kp.child_gen;
         tree->level--;
-        ret = free_node(t, root);
+        ret = release_node(t, tree, root);
         extree_node_unref(t, root);
         if (ret < 0) {
             return ret;

@@ -29,8 +29,15 @@ enum {
 typedef struct Visit {
     uint64_t bytenr;
     uint32_t refs;
+    uint32_t owner;             /* the tree whose walk recorded it */
     unsigned level;
     uint64_t generation;
+    /*
+     * if it validated: its first key (none if empty), the end of the last
+     * item under it, and the child_bytes its parent must carry
+     */
+    bool valid, has_first_key;
+    uint64_t first_key, end, node_bytes;
     uint64_t items, bytes;      /* leaf items and their lengths below */
 } Visit;
 
@@ -119,10 +126,70 @@ static int claim_kind(uint32_t owner)
 }
 
 /*
+ * What a node walked before must be for another parent of @owner's tree
+ * (expecting @e), as extree_node_get() checks a cached node: the same
+ * tree, level and generation and, if it validated, the parent's first
+ * key, a key range that holds every item under it, and its child_bytes.
+ * NULL if it is, else why not (g_malloc'd).
+ */
+static char *visit_disagrees(const Visit *v, uint32_t owner,
+                             const ExtreeNodeExpect *e)
+{
+    if (v->owner != owner) {
+        /* a node that validated has its walk's owner in its header */
+        return g_strdup_printf(v->valid ? "bad owner, have %u expect %u" :
+                               "reached from trees %u and %u", v->owner,
+                               owner);
+    }
+    if (v->level != e->level || v->generation != e->generation) {
+        return g_strdup_printf("shared node is level %u generation %"
+                               PRIu64 ", a parent expects %u %" PRIu64,
+                               v->level, v->generation, e->level,
+                               e->generation);
+    }
+    if (!v->valid) {
+        return NULL;
+    }
+    if (e->has_first_key && v->has_first_key &&
+        v->first_key != e->first_key) {
+        return g_strdup_printf("first key mismatch, have 0x%" PRIx64
+                               " expect 0x%" PRIx64 " (parent key)",
+                               v->first_key, e->first_key);
+    }
+    if (v->end > e->key_end) {
+        return g_strdup_printf("items beyond parent range, have end 0x%"
+                               PRIx64 " limit 0x%" PRIx64, v->end,
+                               e->key_end);
+    }
+    if (e->has_bytes && v->node_bytes != e->bytes) {
+        return g_strdup_printf("subtree bytes mismatch, have 0x%" PRIx64
+                               " expect 0x%" PRIx64 " (parent's "
+                               "child_bytes)", v->node_bytes, e->bytes);
+    }
+    return NULL;
+}
+
+/*
+ * A node with a sound header of another known tree than @owner: that
+ * tree's walk is to claim and count it, whichever walk comes first
+ */
+static bool foreign_node(Extree *t, const uint8_t *buf, uint64_t bytenr,
+                         uint32_t owner)
+{
+    uint32_t o = ext_ld32(buf + EXT_NH_OWNER);
+
+    return o != owner && o >= EXTREE_TREE_EXTENT && o < EXT_NTREES &&
+           ext_ld32(buf + EXT_NH_MAGIC) == EXTREE_NODE_MAGIC &&
+           ext_ld64(buf + EXT_NH_BYTENR) == bytenr &&
+           ext_ld32(buf + EXT_NH_CSUM) ==
+           extree_crc32c(0, buf + EXT_NH_MAGIC, t->node_size - EXT_NH_MAGIC);
+}
+
+/*
  * Walk the subtree at @bytenr; *@items and *@bytes: its leaf items and
  * their lengths.  A node reached again (a snapshot shares it) is not
  * walked again: its reference is counted, and it must be what its new
- * parent expects.
+ * parent expects (visit_disagrees()).
  */
 static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
                  const ExtreeNodeExpect *e, uint64_t *items, uint64_t *bytes)
@@ -134,24 +201,27 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
     Visit *v;
     char *why = NULL;
     uint32_t nr;
-    int ret;
+    bool placed;
+    int ret = 0;
 
     *items = *bytes = 0;
     v = g_hash_table_lookup(c->visited, &bytenr);
     if (v) {
         c->has_last = false;
-        if (owner != EXTREE_TREE_EXTENT || !extree_has_refs(t)) {
+        if (v->owner == owner &&
+            (owner != EXTREE_TREE_EXTENT || !extree_has_refs(t))) {
             count(c, owner == EXTREE_TREE_FREE);
             say(c, "corrupt %s node at offset 0x%" PRIx64 ": referenced "
                 "twice", tree, bytenr);
             return;
         }
-        if (v->level != e->level || v->generation != e->generation) {
-            count(c, false);
-            say(c, "corrupt %s node at offset 0x%" PRIx64 ": shared node "
-                "is level %u generation %" PRIu64 ", a parent expects %u %"
-                PRIu64, tree, bytenr, v->level, v->generation, e->level,
-                e->generation);
+        why = visit_disagrees(v, owner, e);
+        if (why) {
+            /* not counted as shared: no repair may add a reference */
+            count(c, owner == EXTREE_TREE_FREE);
+            say(c, "corrupt %s node at offset 0x%" PRIx64 ": %s; the node "
+                "is reachable from two parents", tree, bytenr, why);
+            g_free(why);
             return;
         }
         v->refs++;
@@ -159,9 +229,31 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
         *bytes = v->bytes;
         return;
     }
+
+    placed = EXTREE_IS_ALIGNED(bytenr, t->block_size) &&
+            bytenr >= t->data_start && bytenr < t->host_end &&
+            t->host_end - bytenr >= t->node_size;
+    if (placed) {
+        ret = t->be->ops->pread(t->be->opaque, bytenr, buf, t->node_size);
+        if (ret == 0) {
+            ret = extree_node_validate(t, buf, bytenr, e, &why);
+        } else {
+            why = g_strdup_printf("read error: %s", g_strerror(-ret));
+        }
+        if (ret < 0 && foreign_node(t, buf, bytenr, owner)) {
+            /* the pointer is the damage: the node's own tree counts it */
+            count(c, owner == EXTREE_TREE_FREE);
+            say(c, "corrupt %s node at offset 0x%" PRIx64 ": %s", tree,
+                bytenr, why);
+            g_free(why);
+            c->has_last = false;
+            return;
+        }
+    }
     v = g_new0(Visit, 1);
     v->bytenr = bytenr;
     v->refs = 1;
+    v->owner = owner;
     v->level = e->level;
     v->generation = e->generation;
     g_hash_table_insert(c->visited, &v->bytenr, v);
@@ -169,18 +261,11 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
     c->res->metadata_bytes += t->node_size;
     claim(c, bytenr, t->node_size, bytenr, claim_kind(owner));
 
-    if (!EXTREE_IS_ALIGNED(bytenr, t->block_size) || bytenr < t->data_start ||
-        bytenr >= t->host_end || t->host_end - bytenr < t->node_size) {
+    if (!placed) {
         count(c, owner == EXTREE_TREE_FREE);
         say(c, "corrupt %s node at offset 0x%" PRIx64 ": bad location", tree,
             bytenr);
         return;
-    }
-    ret = t->be->ops->pread(t->be->opaque, bytenr, buf, t->node_size);
-    if (ret == 0) {
-        ret = extree_node_validate(t, buf, bytenr, e, &why);
-    } else {
-        why = g_strdup_printf("read error: %s", g_strerror(-ret));
     }
     if (ret < 0) {
         count(c, owner == EXTREE_TREE_FREE);
@@ -192,11 +277,22 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
     }
     view.buf = buf;
     nr = node_nritems(&view);
+    v->valid = true;
+    v->has_first_key = nr > 0;
+    v->first_key = nr ? node_key(&view, 0) : 0;
+    v->node_bytes = extree_node_subtree_bytes(&view);
+    if (nr && e->level == 0) {
+        v->end = leaf_key(&view, nr - 1) + leaf_len(&view, nr - 1);
+    } else if (nr) {
+        /* at least past its last key, whatever its last child holds */
+        v->end = ptr_key(&view, nr - 1) + 1;
+    }
     for (uint32_t i = 0; i < nr; i++) {
         if (e->level) {
             ExtreeNodeExpect ce;
             ExtreeKeyPtr kp;
             uint64_t ci, cb;
+            Visit *cv;
 
             ptr_get(&view, i, &kp);
             ce.owner = owner;
@@ -212,6 +308,10 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
             *items += ci;
             *bytes += cb;
             /* the child's walk reused deeper buffers only */
+            cv = g_hash_table_lookup(c->visited, &kp.child);
+            if (i + 1 == nr && cv && cv->valid && cv->owner == owner) {
+                v->end = MAX(v->end, cv->end);
+            }
         } else {
             ExtreeItem it;
             leaf_get(&view, i, &it);

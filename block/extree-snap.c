@@ -128,15 +128,26 @@ static int finish(Extree *t, int ret)
     return ret;
 }
 
-/* Punch the live tree's VM state area, committed if it held anything */
-static int vmstate_drop(Extree *t)
+/*
+ * Punch the live tree's VM state area, committed if it held anything.
+ * Runs after the snapshot's own commit, so it answers nothing: a failure
+ * leaves the handle as it leaves it, not through finish().  After a
+ * failed write the punch stays pending and the next commit retries it; a
+ * failed flush or punch marks the handle broken (extree_commit(),
+ * extree_extent_update()), so that updates fail until a reopen.  Either
+ * way the committed live tree still holds the area, which costs space
+ * only: the next savevm overwrites it, and a later snapshot taken
+ * without VM state carries it unread (vm_state_size 0).
+ */
+static void vmstate_drop(Extree *t)
 {
     ExtreeItem none = { 0 };
-    int ret;
 
-    ret = extree_extent_update(t, &none, EXTREE_VMSTATE_BASE,
-                               EXTREE_VMSTATE_MAX);
-    return finish(t, ret);
+    t->seq++;
+    if (extree_extent_update(t, &none, EXTREE_VMSTATE_BASE,
+                             EXTREE_VMSTATE_MAX) == 0) {
+        extree_commit(t);
+    }
 }
 
 int extree_snapshot_create(Extree *t, ExtreeSnapshotInfo *info)
@@ -201,9 +212,11 @@ int extree_snapshot_create(Extree *t, ExtreeSnapshotInfo *info)
         info_from_snap(&sn, info);
         /*
          * The VM state saved for it is the snapshot's now; the live tree
-         * lets go of it, so that the next snapshot does not share it
+         * lets go of it, so that the next snapshot does not share it.
+         * The snapshot is durable whatever the drop does: that is the
+         * answer.
          */
-        ret = vmstate_drop(t);
+        vmstate_drop(t);
     }
     return ret;
 }

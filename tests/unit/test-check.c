@@ -575,6 +575,231 @@ static void test_corrupt_bit_cleared_after_leak_repair(void)
     extree_mem_backend_free(be);
 }
 
+/* Check with @fix on a repair open; the messages in *@r */
+static void check_fix(ExtreeBackend *be, unsigned fix, ExtreeCheckResult *res,
+                      CtReport *r)
+{
+    ExtreeOpenOptions o = { .repair = true, .check = true };
+    Extree *t;
+    char *err = NULL;
+
+    g_assert_cmpint(extree_open(be, &o, &t, &err), ==, 0);
+    r->msgs = g_ptr_array_new_with_free_func(g_free);
+    g_assert_cmpint(extree_check_fix(t, fix, res, ct_report, r), ==, 0);
+    extree_close(t);
+}
+
+/* Point snapshot @i's root at @root (generation @gen, level @level) */
+static void set_snap_root(ExtreeBackend *be, unsigned i, uint64_t root,
+                          uint64_t gen, unsigned level, uint64_t count,
+                          uint64_t bytes)
+{
+    ExtreeDiskSuper sb;
+    uint64_t off, len;
+    uint32_t n, csum;
+    uint8_t *buf, *e, zero[4] = { 0 };
+
+    ct_read_super(be, &sb);
+    off = GUINT64_FROM_LE(sb.snap_table_offset);
+    n = GUINT32_FROM_LE(sb.snap_count);
+    g_assert_cmpuint(i, <, n);
+    len = 64 + (uint64_t)EXTREE_SNAP_ENTRY_SIZE * n;
+    buf = g_malloc(len);
+    g_assert_cmpint(be->ops->pread(be->opaque, off, buf, len), ==, 0);
+    e = buf + 64 + (size_t)EXTREE_SNAP_ENTRY_SIZE * i;
+    ext_st64(e + offsetof(ExtreeDiskSnapEntry, root) + EXT_RT_BYTENR, root);
+    ext_st64(e + offsetof(ExtreeDiskSnapEntry, root) + EXT_RT_GEN, gen);
+    e[offsetof(ExtreeDiskSnapEntry, root) + EXT_RT_LEVEL] = level;
+    ext_st64(e + offsetof(ExtreeDiskSnapEntry, generation), gen);
+    ext_st64(e + offsetof(ExtreeDiskSnapEntry, extent_count), count);
+    ext_st64(e + offsetof(ExtreeDiskSnapEntry, extent_bytes), bytes);
+    csum = extree_crc32c(0, buf, 4);
+    csum = extree_crc32c(csum, zero, 4);
+    csum = extree_crc32c(csum, buf + 8, len - 8);
+    ext_st32(buf + 4, csum);
+    g_assert_cmpint(be->ops->pwrite(be->opaque, off, buf, len), ==, 0);
+    g_free(buf);
+}
+
+/*
+ * A snapshot whose root is the reference count tree's root (issue 37,
+ * 6).  That tree is walked first; the snapshot reaches the node again
+ * and must not count it as a shared extent tree node: its counts would
+ * fall short by one, and -r all would write a count of 2 over it.  The
+ * snapshot's counts are made to match the node's items, so that nothing
+ * else gives the damage away.
+ */
+static void test_snapshot_into_refs_tree(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeSnapshotInfo info = { .icount = UINT64_MAX };
+    ExtreeCheckResult res;
+    ExtreeDiskSuper sb;
+    ExtreeNode view;
+    CtReport r;
+    uint64_t rroot, rgen, gen, bytes = 0;
+    char *want;
+    uint32_t nr;
+
+    for (int i = 0; i < 8; i++) {
+        ct_write(t, i * 2 * BS, BS);
+    }
+    g_assert_cmpint(extree_snapshot_create(t, &info), ==, 0);
+    ct_write(t, 0, BS);                 /* copies the shared leaf */
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_write(t, 100 * BS, BS);          /* counts stay: refs tree unchanged */
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+
+    ct_read_super(be, &sb);
+    rroot = GUINT64_FROM_LE(sb.ref_root.bytenr);
+    rgen = GUINT64_FROM_LE(sb.ref_root.generation);
+    gen = GUINT64_FROM_LE(sb.generation);
+    g_assert_cmpuint(sb.ref_root.level, ==, 0);
+    g_assert_cmpuint(rgen, <, gen);
+    view.buf = ct_node_read(be, rroot, NS);
+    nr = node_nritems(&view);
+    g_assert_cmpuint(nr, >, 0);
+    for (uint32_t i = 0; i < nr; i++) {
+        bytes += leaf_len(&view, i);
+    }
+    g_free(view.buf);
+    set_snap_root(be, 0, rroot, rgen, 0, nr, bytes);
+
+    want = g_strdup_printf("corrupt extent tree node at offset 0x%" PRIx64
+                           ": bad owner", rroot);
+    check_fix(be, 0, &res, &r);
+    g_assert_true(ct_has_msg(&r, want));
+    g_assert_false(ct_has_msg(&r, "2 found"));
+    g_assert_cmpuint(res.corruptions, >=, 1);
+    g_ptr_array_free(r.msgs, true);
+
+    /* nothing repaired, nothing committed: no count over the node */
+    check_fix(be, EXTREE_FIX_LEAKS | EXTREE_FIX_ERRORS, &res, &r);
+    g_assert_true(ct_has_msg(&r, want));
+    g_assert_false(ct_has_msg(&r, "reference counts of"));
+    g_assert_cmpuint(res.repaired_corruptions, ==, 0);
+    g_ptr_array_free(r.msgs, true);
+    ct_read_super(be, &sb);
+    g_assert_cmpuint(GUINT64_FROM_LE(sb.generation), ==, gen);
+    g_free(want);
+    extree_mem_backend_free(be);
+}
+
+/*
+ * The live extent tree points at the free-space tree's root, which the
+ * extent tree's walk thus reaches first.  That pointer is the damage;
+ * the free tree still owns the node: its walk counts the node and its
+ * free ranges as on any other image.
+ */
+static void test_extent_tree_into_free_tree(void)
+{
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeCheckResult res;
+    ExtreeDiskSuper sb;
+    ExtreeKeyPtr kp;
+    ExtreeNode view;
+    CtReport r;
+    uint64_t root, froot, fgen;
+    char *want;
+
+    /* a root over two leaves of 126 and 74 one-block extents */
+    for (int i = 0; i < 200; i++) {
+        ct_write(t, i * 2 * BS, BS);
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpuint(extree_depth(t), ==, 2);
+    extree_close(t);
+
+    ct_read_super(be, &sb);
+    root = GUINT64_FROM_LE(sb.extent_root.bytenr);
+    froot = GUINT64_FROM_LE(sb.free_root.bytenr);
+    fgen = GUINT64_FROM_LE(sb.free_root.generation);
+    g_assert_cmpuint(sb.free_root.level, ==, 0);
+    view.buf = ct_node_read(be, root, NS);
+    g_assert_cmpuint(node_nritems(&view), ==, 2);
+    g_assert_cmpuint(fgen, <=, ext_ld64(view.buf + EXT_NH_GEN));
+    ptr_get(&view, 1, &kp);
+    g_assert_cmpuint(kp.bytes, ==, 74 * BS);
+    kp.child = froot;
+    kp.child_gen = fgen;
+    ptr_set(&view, 1, &kp);
+    ct_node_write(be, root, view.buf, NS, true);
+    g_free(view.buf);
+
+    want = g_strdup_printf("corrupt extent tree node at offset 0x%" PRIx64
+                           ": bad owner", froot);
+    check_fix(be, 0, &res, &r);
+    g_assert_true(ct_has_msg(&r, want));
+    g_assert_false(ct_has_msg(&r, "corrupt free tree"));
+    g_assert_false(ct_has_msg(&r, "free_bytes mismatch"));
+    /* what the lost leaf held: the leaf and its extents, nothing else */
+    g_assert_cmpuint(res.leaked_bytes, ==, NS + 74 * BS);
+    g_ptr_array_free(r.msgs, true);
+    g_free(want);
+    extree_mem_backend_free(be);
+}
+
+/*
+ * A node shared by the live tree and a snapshot must be what each parent
+ * expects, whichever walk reaches it first: the snapshot's root gives
+ * its shared second leaf a first key (@variant 0) or child_bytes (1) the
+ * leaf does not have.  The live tree's walk reaches it first, validly.
+ */
+static void test_shared_node_mismatch(void)
+{
+    for (int variant = 0; variant < 2; variant++) {
+        ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+        Extree *t = ct_open(be);
+        ExtreeSnapshotInfo info = { .icount = UINT64_MAX };
+        ExtreeCheckResult res;
+        ExtreeKeyPtr kp;
+        ExtreeNode view;
+        CtReport r;
+        uint64_t sroot;
+        char *want;
+
+        for (int i = 0; i < 200; i++) {
+            ct_write(t, i * 2 * BS, BS);
+        }
+        g_assert_cmpint(extree_snapshot_create(t, &info), ==, 0);
+        sroot = t->trees[EXTREE_TREE_EXTENT].root;
+        g_assert_cmpuint(extree_depth(t), ==, 2);
+        /* the first leaf and the root are copied, the second is shared */
+        ct_write(t, BS, BS);
+        g_assert_cmpint(extree_commit(t), ==, 0);
+        g_assert_cmpuint(t->trees[EXTREE_TREE_EXTENT].root, !=, sroot);
+        extree_close(t);
+        check_fix(be, 0, &res, &r);
+        g_assert_cmpuint(res.corruptions + res.leaks, ==, 0);
+        g_ptr_array_free(r.msgs, true);
+
+        view.buf = ct_node_read(be, sroot, NS);
+        ptr_get(&view, 1, &kp);
+        if (variant == 0) {
+            kp.key += BS;
+        } else {
+            kp.bytes -= BS;
+        }
+        ptr_set(&view, 1, &kp);
+        ct_node_write(be, sroot, view.buf, NS, true);
+        g_free(view.buf);
+
+        want = g_strdup_printf("corrupt extent tree node at offset 0x%" PRIx64
+                               ": %s", kp.child, variant ?
+                               "subtree bytes mismatch" :
+                               "first key mismatch");
+        check_fix(be, 0, &res, &r);
+        g_assert_true(ct_has_msg(&r, want));
+        g_assert_cmpuint(res.corruptions, >=, 1);
+        g_ptr_array_free(r.msgs, true);
+        g_free(want);
+        extree_mem_backend_free(be);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -593,5 +818,10 @@ int main(int argc, char **argv)
                     test_extent_damage_not_repaired);
     g_test_add_func("/check/corrupt-bit-cleared-after-leak-repair",
                     test_corrupt_bit_cleared_after_leak_repair);
+    g_test_add_func("/check/snapshot-into-refs-tree",
+                    test_snapshot_into_refs_tree);
+    g_test_add_func("/check/extent-tree-into-free-tree",
+                    test_extent_tree_into_free_tree);
+    g_test_add_func("/check/shared-node-mismatch", test_shared_node_mismatch);
     return g_test_run();
 }
