@@ -38,6 +38,11 @@ typedef struct Visit {
      */
     bool valid, has_first_key;
     uint64_t first_key, end, node_bytes;
+    /*
+     * extent trees: the end of the last item (or key) below the VM state
+     * area under it, checked against each tree's size that reaches it
+     */
+    uint64_t data_hi;
     uint64_t items, bytes;      /* leaf items and their lengths below */
 } Visit;
 
@@ -165,6 +170,11 @@ static char *visit_disagrees(const Visit *v, uint32_t owner,
         return g_strdup_printf("subtree bytes mismatch, have 0x%" PRIx64
                                " expect 0x%" PRIx64 " (parent's "
                                "child_bytes)", v->node_bytes, e->bytes);
+    }
+    if (owner == EXTREE_TREE_EXTENT && v->data_hi > e->data_end) {
+        return g_strdup_printf("item beyond the tree's virtual size, have "
+                               "end 0x%" PRIx64 " max 0x%" PRIx64,
+                               v->data_hi, e->data_end);
     }
     return NULL;
 }
@@ -312,6 +322,9 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
             if (i + 1 == nr && cv && cv->valid && cv->owner == owner) {
                 v->end = MAX(v->end, cv->end);
             }
+            if (cv && cv->valid && cv->owner == owner) {
+                v->data_hi = MAX(v->data_hi, cv->data_hi);
+            }
         } else {
             ExtreeItem it;
             leaf_get(&view, i, &it);
@@ -322,6 +335,9 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
             c->has_last = true;
             (*items)++;
             *bytes += it.length;
+            if (it.key < EXTREE_VMSTATE_BASE) {
+                v->data_hi = MAX(v->data_hi, it.key + it.length);
+            }
             if (owner == EXTREE_TREE_EXTENT) {
                 if (it.type == EXTREE_ITEM_DATA) {
                     c->res->data_bytes += it.length;

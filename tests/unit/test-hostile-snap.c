@@ -344,6 +344,8 @@ static void test_item_past_size(void)
 
 static void test_item_past_size_cached(void)
 {
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeCheckResult res;
     ExtreeBackend *be = ct_create(2 * 1024 * 1024, BS, NS);
     ExtreeSnapshotInfo info = { .icount = UINT64_MAX };
     ExtreeDiskSuper sb;
@@ -367,6 +369,14 @@ static void test_item_past_size_cached(void)
     leaf = last_child(be, GUINT64_FROM_LE(sb.extent_root.bytenr));
     g_assert_cmpuint(leaf, ==, last_child(be, entry_root(be)));
     move_item(be, leaf, -1, 3 * 1024 * 1024);
+
+    /* the checker walks the live tree first: the leaf is shared */
+    t = open_opts(be, true, true, 0, NULL);
+    g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, >=, 1);
+    g_assert_true(ct_has_msg(&r, "beyond the tree's virtual size"));
+    extree_close(t);
+    g_ptr_array_free(r.msgs, true);
 
     /*
      * Read through the live tree, where 3 MiB is inside the size, the leaf
