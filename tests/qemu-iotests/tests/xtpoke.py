@@ -28,6 +28,10 @@
 #   xtpoke.py IMAGE item-past-size K   the last item of the live tree's last
 #                                      leaf moved to guest offset K
 #   xtpoke.py IMAGE refs-up            the first REFS count raised by one
+#   xtpoke.py IMAGE refs-drop HOST     the REFS item covering host offset
+#                                      HOST removed: its blocks count 1
+#   xtpoke.py IMAGE host-of GUEST      the host offset the live tree maps
+#                                      guest offset GUEST to (DATA)
 #   (checksums are recomputed: only semantic validation can catch these)
 #
 # Copyright (c) 2026 The extree authors
@@ -290,6 +294,47 @@ def main():
         img.write(off + HDR + 16, struct.pack('<Q', count + 1))
         img.fix_node_csum(off)
         print('reference count %d -> %d' % (count, count + 1))
+    elif what == 'refs-drop':
+        host = int(sys.argv[3], 0)
+        off = img.roots['refs'][0]
+        b = bytearray(img.read(off, img.node_size))
+        assert b[28] == 0
+        nr = struct.unpack_from('<I', b, 32)[0]
+        for i in range(nr):
+            key, length = struct.unpack_from('<QQ', b, HDR + LEAF_ITEM * i)
+            if key <= host < key + length:
+                break
+        else:
+            sys.exit('xtpoke.py: no REFS item covers 0x%x' % host)
+        b[HDR + LEAF_ITEM * i:HDR + LEAF_ITEM * (nr - 1)] = \
+            b[HDR + LEAF_ITEM * (i + 1):HDR + LEAF_ITEM * nr]
+        b[HDR + LEAF_ITEM * (nr - 1):HDR + LEAF_ITEM * nr] = bytes(LEAF_ITEM)
+        struct.pack_into('<I', b, 32, nr - 1)
+        img.write(off, bytes(b))
+        img.fix_node_csum(off)
+        print('REFS item removed: its blocks count 1')
+    elif what == 'host-of':
+        guest = int(sys.argv[3], 0)
+        off = img.roots['extent'][0]
+        while True:
+            b = img.read(off, img.node_size)
+            nr = struct.unpack_from('<I', b, 32)[0]
+            if b[28] == 0:
+                break
+            child = None
+            for i in range(nr):
+                key, c = struct.unpack_from('<QQ', b, HDR + PTR_ITEM * i)
+                if key <= guest:
+                    child = c
+            off = child
+        for i in range(nr):
+            key, length, host = struct.unpack_from('<QQQ', b,
+                                                   HDR + LEAF_ITEM * i)
+            if key <= guest < key + length:
+                print('0x%x' % (host + guest - key))
+                break
+        else:
+            sys.exit('xtpoke.py: guest 0x%x is not mapped' % guest)
     else:
         sys.exit('xtpoke.py: unknown request ' + what)
     img.f.close()
