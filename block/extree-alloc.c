@@ -81,391 +81,6 @@
  */
 #define EXT_DISCARD_NODES_MIN   (256 * 1024)
 
-/* ---- range sets ---- */
-
-struct ExtreeRange {
-    uint64_t start, len;
-    uint64_t maxlen;            /* longest range in this subtree */
-    uint32_t prio;              /* heap order: parent prio >= child prio */
-    ExtreeRange *left, *right;
-};
-
-static uint64_t rn_max(const ExtreeRange *n)
-{
-    return n ? n->maxlen : 0;
-}
-
-static void rn_fix(ExtreeRange *n)
-{
-    n->maxlen = MAX(n->len, MAX(rn_max(n->left), rn_max(n->right)));
-}
-
-static uint32_t rs_rand(ExtreeRangeSet *s)
-{
-    /* xorshift32: deterministic, so that runs are reproducible */
-    uint32_t x = s->rng ? s->rng : 2463534242u;
-
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    s->rng = x;
-    return x;
-}
-
-/*
- * A set's nodes come from slabs of its own, twice as large each time up
- * to EXT_RANGE_SLAB_MAX, and freed nodes go to a list for reuse: a
- * read-write open of an image with fragmented free space creates one node
- * per free range, hundreds of thousands of them, and one malloc() and
- * free() each cost about a third of the open.  The slabs go when the set
- * is cleared (close).
- */
-#define EXT_RANGE_SLAB_MIN      64
-#define EXT_RANGE_SLAB_MAX      65536
-
-static ExtreeRange *rn_alloc(ExtreeRangeSet *s)
-{
-    ExtreeRange *x = s->free_nodes;
-
-    if (x) {
-        s->free_nodes = x->right;
-        return x;
-    }
-    if (!s->slabs || s->slab_used == s->slab_len) {
-        if (!s->slabs) {
-            s->slabs = g_ptr_array_new_with_free_func(g_free);
-        }
-        s->slab_len = s->slab_len ? MIN(s->slab_len * 2, EXT_RANGE_SLAB_MAX)
-                                  : EXT_RANGE_SLAB_MIN;
-        g_ptr_array_add(s->slabs, g_new(ExtreeRange, s->slab_len));
-        s->slab_used = 0;
-    }
-    x = g_ptr_array_index(s->slabs, s->slabs->len - 1);
-    return &x[s->slab_used++];
-}
-
-static void rn_release(ExtreeRangeSet *s, ExtreeRange *x)
-{
-    x->right = s->free_nodes;
-    s->free_nodes = x;
-}
-
-static ExtreeRange *rn_insert(ExtreeRange *n, ExtreeRange *x)
-{
-    if (!n) {
-        return x;
-    }
-    if (x->start < n->start) {
-        n->left = rn_insert(n->left, x);
-        if (n->left->prio > n->prio) {
-            ExtreeRange *l = n->left;
-            n->left = l->right;
-            l->right = n;
-            rn_fix(n);
-            n = l;
-        }
-    } else {
-        n->right = rn_insert(n->right, x);
-        if (n->right->prio > n->prio) {
-            ExtreeRange *r = n->right;
-            n->right = r->left;
-            r->left = n;
-            rn_fix(n);
-            n = r;
-        }
-    }
-    rn_fix(n);
-    return n;
-}
-
-static ExtreeRange *rn_join(ExtreeRange *a, ExtreeRange *b)
-{
-    if (!a || !b) {
-        return a ? a : b;
-    }
-    if (a->prio > b->prio) {
-        a->right = rn_join(a->right, b);
-        rn_fix(a);
-        return a;
-    }
-    b->left = rn_join(a, b->left);
-    rn_fix(b);
-    return b;
-}
-
-/* Remove the range starting at @start (which exists) from @s's @n */
-static ExtreeRange *rn_delete(ExtreeRangeSet *s, ExtreeRange *n,
-                              uint64_t start)
-{
-    if (start < n->start) {
-        n->left = rn_delete(s, n->left, start);
-    } else if (start > n->start) {
-        n->right = rn_delete(s, n->right, start);
-    } else {
-        ExtreeRange *j = rn_join(n->left, n->right);
-        rn_release(s, n);
-        return j;
-    }
-    rn_fix(n);
-    return n;
-}
-
-/*
- * Give the range starting at @key (which exists) a new start and length
- * that keep it between its neighbours
- */
-static void rn_update(ExtreeRange *n, uint64_t key, uint64_t start,
-                      uint64_t len)
-{
-    if (key < n->start) {
-        rn_update(n->left, key, start, len);
-    } else if (key > n->start) {
-        rn_update(n->right, key, start, len);
-    } else {
-        n->start = start;
-        n->len = len;
-    }
-    rn_fix(n);
-}
-
-/* The range with the greatest start <= @off, or NULL.  O(log n) */
-static ExtreeRange *rs_floor(const ExtreeRangeSet *s, uint64_t off)
-{
-    ExtreeRange *n = s->root, *best = NULL;
-
-    while (n) {
-        if (n->start <= off) {
-            best = n;
-            n = n->right;
-        } else {
-            n = n->left;
-        }
-    }
-    return best;
-}
-
-/* The range with the smallest start > @off, or NULL.  O(log n) */
-static ExtreeRange *rs_after(const ExtreeRangeSet *s, uint64_t off)
-{
-    ExtreeRange *n = s->root, *best = NULL;
-
-    while (n) {
-        if (n->start > off) {
-            best = n;
-            n = n->left;
-        } else {
-            n = n->right;
-        }
-    }
-    return best;
-}
-
-static ExtreeRange *rs_last(const ExtreeRangeSet *s)
-{
-    ExtreeRange *n = s->root;
-
-    while (n && n->right) {
-        n = n->right;
-    }
-    return n;
-}
-
-/* The lowest range of at least @len bytes, or NULL.  O(log n) */
-static ExtreeRange *rs_first_fit(const ExtreeRangeSet *s, uint64_t len)
-{
-    ExtreeRange *n = s->root;
-
-    if (rn_max(n) < len) {
-        return NULL;
-    }
-    for (;;) {
-        if (rn_max(n->left) >= len) {
-            n = n->left;
-        } else if (n->len >= len) {
-            return n;
-        } else {
-            n = n->right;
-        }
-    }
-}
-
-/* Does any range of @s overlap [start, start + len)?  O(log n) */
-static bool rs_overlaps(const ExtreeRangeSet *s, uint64_t start, uint64_t len)
-{
-    ExtreeRange *r = rs_floor(s, start + len - 1);
-
-    return r && r->start + r->len > start;
-}
-
-static void rs_insert(ExtreeRangeSet *s, uint64_t start, uint64_t len)
-{
-    ExtreeRange *x = rn_alloc(s);
-
-    x->start = start;
-    x->len = x->maxlen = len;
-    x->prio = rs_rand(s);
-    x->left = x->right = NULL;
-    s->root = rn_insert(s->root, x);
-    s->count++;
-}
-
-/*
- * Add [start, start + len), merging with neighbours.  The caller checked
- * that it overlaps nothing.  O(log n).
- */
-static void rs_add(ExtreeRangeSet *s, uint64_t start, uint64_t len)
-{
-    ExtreeRange *prev = rs_floor(s, start);
-    ExtreeRange *next = rs_after(s, start);
-    bool join_prev = prev && prev->start + prev->len == start;
-    bool join_next = next && next->start == start + len;
-
-    s->bytes += len;
-    if (join_prev && join_next) {
-        uint64_t nlen = next->len;
-        s->root = rn_delete(s, s->root, next->start);
-        s->count--;
-        rn_update(s->root, prev->start, prev->start, prev->len + len + nlen);
-    } else if (join_prev) {
-        rn_update(s->root, prev->start, prev->start, prev->len + len);
-    } else if (join_next) {
-        rn_update(s->root, next->start, start, next->len + len);
-    } else {
-        rs_insert(s, start, len);
-    }
-}
-
-/*
- * Open: add [start, start + len) at or past the end of every range, as
- * the free-space tree hands them out, merging with the last one.  The
- * treap is built along its right spine: amortised O(1) and no search,
- * where rs_add() costs O(log n) per range.  The spine's longest-range
- * fields are stale until rs_append_done(); nothing else may use the set
- * before.
- */
-static void rs_append(ExtreeRangeSet *s, uint64_t start, uint64_t len)
-{
-    ExtreeRange *x, *last = NULL, *popped = NULL;
-
-    if (!s->spine) {
-        s->spine = g_ptr_array_new();
-        for (x = s->root; x; x = x->right) {
-            g_ptr_array_add(s->spine, x);
-        }
-    }
-    if (s->spine->len) {
-        last = g_ptr_array_index(s->spine, s->spine->len - 1);
-    }
-    g_assert(!last || last->start + last->len <= start);
-    s->bytes += len;
-    if (last && last->start + last->len == start) {
-        last->len += len;
-        return;
-    }
-    x = rn_alloc(s);
-    x->start = start;
-    x->len = x->maxlen = len;
-    x->prio = rs_rand(s);
-    x->right = NULL;
-    /* the spine's tail of lower priority becomes the new range's left */
-    while (s->spine->len) {
-        ExtreeRange *top = g_ptr_array_index(s->spine, s->spine->len - 1);
-
-        if (top->prio >= x->prio) {
-            break;
-        }
-        rn_fix(top);
-        popped = top;
-        g_ptr_array_set_size(s->spine, s->spine->len - 1);
-    }
-    x->left = popped;
-    if (s->spine->len) {
-        ExtreeRange *top = g_ptr_array_index(s->spine, s->spine->len - 1);
-        top->right = x;
-    } else {
-        s->root = x;
-    }
-    g_ptr_array_add(s->spine, x);
-    s->count++;
-}
-
-/* The appends are over: the spine's longest-range fields, bottom up */
-static void rs_append_done(ExtreeRangeSet *s)
-{
-    if (!s->spine) {
-        return;
-    }
-    for (guint i = s->spine->len; i-- > 0;) {
-        rn_fix(g_ptr_array_index(s->spine, i));
-    }
-    g_ptr_array_free(s->spine, true);
-    s->spine = NULL;
-}
-
-/* Remove [start, start + len), which lies inside one range.  O(log n). */
-static void rs_remove(ExtreeRangeSet *s, uint64_t start, uint64_t len)
-{
-    ExtreeRange *r = rs_floor(s, start);
-    uint64_t rs = r->start, end = start + len, rend = r->start + r->len;
-
-    g_assert(r->start <= start && end <= rend);
-    s->bytes -= len;
-    if (rs == start && rend == end) {
-        s->root = rn_delete(s, s->root, rs);
-        s->count--;
-    } else if (rs == start) {
-        rn_update(s->root, rs, end, rend - end);
-    } else {
-        rn_update(s->root, rs, rs, start - rs);
-        if (end < rend) {
-            rs_insert(s, end, rend - end);
-        }
-    }
-}
-
-/* The first range of @s that ends after @pos, or NULL */
-static ExtreeRange *rs_from(const ExtreeRangeSet *s, uint64_t pos)
-{
-    ExtreeRange *r = rs_floor(s, pos);
-
-    if (r && r->start + r->len > pos) {
-        return r;
-    }
-    return rs_after(s, pos);
-}
-
-/* Add what of [start, start + len) @s does not hold yet */
-static void rs_union(ExtreeRangeSet *s, uint64_t start, uint64_t len)
-{
-    uint64_t pos = start, end = start + len;
-
-    while (pos < end) {
-        ExtreeRange *r = rs_from(s, pos);
-
-        if (r && r->start <= pos) {
-            pos = r->start + r->len;
-        } else {
-            uint64_t e = r ? MIN(r->start, end) : end;
-
-            rs_add(s, pos, e - pos);
-            pos = e;
-        }
-    }
-}
-
-static void rs_clear(ExtreeRangeSet *s)
-{
-    rs_append_done(s);
-    if (s->slabs) {
-        g_ptr_array_free(s->slabs, true);
-    }
-    s->slabs = NULL;
-    s->free_nodes = NULL;
-    s->slab_used = s->slab_len = 0;
-    s->root = NULL;
-    s->count = s->bytes = 0;
-}
-
 /* ---- the allocator ---- */
 
 void extree_alloc_init(Extree *t)
@@ -478,12 +93,12 @@ void extree_alloc_init(Extree *t)
 
 void extree_alloc_destroy(Extree *t)
 {
-    rs_clear(&t->avail);
-    rs_clear(&t->nfree);
-    rs_clear(&t->pending);
-    rs_clear(&t->touched);
-    rs_clear(&t->rest_avail);
-    rs_clear(&t->rest_nfree);
+    extree_rs_clear(&t->avail);
+    extree_rs_clear(&t->nfree);
+    extree_rs_clear(&t->pending);
+    extree_rs_clear(&t->touched);
+    extree_rs_clear(&t->rest_avail);
+    extree_rs_clear(&t->rest_nfree);
     if (t->oplog) {
         g_array_free(t->oplog, true);
         g_array_free(t->freed_data, true);
@@ -509,7 +124,7 @@ static void log_op(Extree *t, uint64_t start, uint64_t len, bool is_free)
     if (t->alloc_partial && start < t->free_hi && start + len > t->free_lo) {
         uint64_t s = MAX(start, t->free_lo);
 
-        rs_union(&t->touched, s, MIN(start + len, t->free_hi) - s);
+        extree_rs_union(&t->touched, s, MIN(start + len, t->free_hi) - s);
     }
     if (t->oplog->len) {
         ExtreeAllocOp *last = &g_array_index(t->oplog, ExtreeAllocOp,
@@ -526,7 +141,7 @@ static void log_op(Extree *t, uint64_t start, uint64_t len, bool is_free)
 static void take(Extree *t, ExtreeRangeSet *set, uint64_t start,
                  uint64_t len)
 {
-    rs_remove(set, start, len);
+    extree_rs_remove(set, start, len);
     log_op(t, start, len, false);
 }
 
@@ -628,7 +243,7 @@ bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig)
 /* Do the sets hold a free range of @len bytes or more? */
 bool extree_alloc_fits(const Extree *t, uint64_t len)
 {
-    return MAX(rn_max(t->avail.root), rn_max(t->nfree.root)) >= len;
+    return MAX(extree_rs_longest(&t->avail), extree_rs_longest(&t->nfree)) >= len;
 }
 
 /*
@@ -653,7 +268,7 @@ static int grow(Extree *t, uint64_t len, uint64_t *start)
 static void reserve_release(Extree *t)
 {
     if (resv_bytes(t)) {
-        rs_add(t->resv_nfree ? &t->nfree : &t->avail, t->resv_start,
+        extree_rs_add(t->resv_nfree ? &t->nfree : &t->avail, t->resv_start,
                resv_bytes(t));
     }
     t->resv_start = t->resv_end = 0;
@@ -680,15 +295,15 @@ static int reserve_refill(Extree *t, bool may_grow)
     int ret;
 
     reserve_release(t);
-    r = rs_first_fit(set, EXT_RESERVE_NFREE_MIN * ns);
+    r = extree_rs_first_fit(set, EXT_RESERVE_NFREE_MIN * ns);
     if (!r) {
         set = &t->avail;
-        r = rs_first_fit(set, EXT_RESERVE_MIN * ns);
+        r = extree_rs_first_fit(set, EXT_RESERVE_MIN * ns);
     }
     if (r) {
         uint64_t len = MIN(want, r->len / ns * ns);
         start = r->start;
-        rs_remove(set, start, len);
+        extree_rs_remove(set, start, len);
         t->resv_start = start;
         t->resv_end = start + len;
         t->resv_nfree = set == &t->nfree;
@@ -729,10 +344,10 @@ int extree_alloc_meta(Extree *t, uint64_t *out)
     }
     if (resv_bytes(t) < t->node_size && reserve_refill(t, false) < 0) {
         ExtreeRangeSet *set = &t->nfree;
-        r = rs_first_fit(set, t->node_size);
+        r = extree_rs_first_fit(set, t->node_size);
         if (!r) {
             set = &t->avail;
-            r = rs_first_fit(set, t->node_size);
+            r = extree_rs_first_fit(set, t->node_size);
         }
         if (r) {
             *out = r->start;
@@ -752,9 +367,9 @@ int extree_alloc_meta(Extree *t, uint64_t *out)
 
 bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len)
 {
-    return rs_overlaps(&t->avail, start, len) ||
-           rs_overlaps(&t->nfree, start, len) ||
-           rs_overlaps(&t->pending, start, len) ||
+    return extree_rs_overlaps(&t->avail, start, len) ||
+           extree_rs_overlaps(&t->nfree, start, len) ||
+           extree_rs_overlaps(&t->pending, start, len) ||
            (start < t->resv_end && t->resv_start < start + len);
 }
 
@@ -789,7 +404,7 @@ static int free_range(Extree *t, uint64_t start, uint64_t len, bool node)
                               " freed twice or outside the data area",
                               node ? "tree" : "extent tree", start, len);
     }
-    rs_add(&t->pending, start, len);
+    extree_rs_add(&t->pending, start, len);
     log_op(t, start, len, true);
     note_freed(node ? t->freed_nodes : t->freed_data, start, len);
     return 0;
@@ -805,7 +420,7 @@ int extree_alloc_add_free(Extree *t, uint64_t start, uint64_t len)
         len > t->host_end - start || extree_alloc_is_free(t, start, len)) {
         return -EINVAL;
     }
-    rs_add(&t->pending, start, len);
+    extree_rs_add(&t->pending, start, len);
     log_op(t, start, len, true);
     note_freed(t->freed_data, start, len);
     return 0;
@@ -817,7 +432,7 @@ static ExtreeRange *free_at(Extree *t, uint64_t off, ExtreeRangeSet **set)
     ExtreeRangeSet *sets[2] = { &t->avail, &t->nfree };
 
     for (int i = 0; i < 2; i++) {
-        ExtreeRange *r = rs_floor(sets[i], off);
+        ExtreeRange *r = extree_rs_floor(sets[i], off);
         if (r && r->start + r->len > off) {
             *set = sets[i];
             return r;
@@ -876,7 +491,7 @@ int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
     int ret;
 
     set = &t->avail;
-    r = rs_first_fit(set, bytes);
+    r = extree_rs_first_fit(set, bytes);
     if (!r && t->avail.bytes + t->nfree.bytes >=
               (t->host_end - t->data_start) / EXT_SCARCE_DIV) {
         /*
@@ -884,11 +499,11 @@ int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
          * of the request from the longest range, instead of growing
          */
         set = &t->nfree;
-        r = rs_first_fit(set, bytes);
+        r = extree_rs_first_fit(set, bytes);
         if (!r) {
-            set = rn_max(t->avail.root) >= rn_max(t->nfree.root) ?
+            set = extree_rs_longest(&t->avail) >= extree_rs_longest(&t->nfree) ?
                   &t->avail : &t->nfree;
-            r = rs_first_fit(set, rn_max(set->root));
+            r = extree_rs_first_fit(set, extree_rs_longest(set));
         }
     }
     if (r) {
@@ -927,12 +542,12 @@ int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
 bool extree_alloc_trim_tail(Extree *t)
 {
     ExtreeRangeSet *set = &t->avail;
-    ExtreeRange *r = rs_last(set);
+    ExtreeRange *r = extree_rs_last(set);
     uint64_t start;
 
     if (!r || r->start + r->len != t->host_end) {
         set = &t->nfree;
-        r = rs_last(set);
+        r = extree_rs_last(set);
     }
     if (!t->alloc_loaded || !r || r->start + r->len != t->host_end ||
         r->len < EXT_SHRINK_MIN) {
@@ -963,7 +578,7 @@ bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
     uint64_t s = UINT64_MAX, e = 0;
 
     for (int i = 0; i < 3; i++) {
-        ExtreeRange *r = rs_from(sets[i], pos);
+        ExtreeRange *r = extree_rs_from(sets[i], pos);
         if (r && r->start < s) {
             s = r->start;
             e = r->start + r->len;
@@ -980,7 +595,7 @@ bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
     for (;;) {
         uint64_t old = e;
         for (int i = 0; i < 3; i++) {
-            ExtreeRange *n = rs_floor(sets[i], e);
+            ExtreeRange *n = extree_rs_floor(sets[i], e);
             if (n && n->start == e) {
                 e += n->len;
             }
@@ -1040,16 +655,16 @@ void extree_ranges_merge(GArray *list)
 void extree_alloc_commit_done(Extree *t, GArray *discard)
 {
     /* pending is exactly freed_data + freed_nodes */
-    rs_clear(&t->pending);
+    extree_rs_clear(&t->pending);
     extree_ranges_merge(t->freed_data);
     extree_ranges_merge(t->freed_nodes);
     for (guint i = 0; i < t->freed_data->len; i++) {
         ExtreeAllocOp *op = &g_array_index(t->freed_data, ExtreeAllocOp, i);
-        rs_add(&t->avail, op->start, op->len);
+        extree_rs_add(&t->avail, op->start, op->len);
     }
     for (guint i = 0; i < t->freed_nodes->len; i++) {
         ExtreeAllocOp *op = &g_array_index(t->freed_nodes, ExtreeAllocOp, i);
-        rs_add(&t->nfree, op->start, op->len);
+        extree_rs_add(&t->nfree, op->start, op->len);
     }
     g_array_append_vals(discard, t->freed_data->data, t->freed_data->len);
     g_array_set_size(t->freed_data, 0);
@@ -1103,8 +718,8 @@ static void discard_less_freed(Extree *t, uint64_t start, uint64_t end,
  */
 static uint64_t joined_len(Extree *t, const ExtreeRange *r)
 {
-    ExtreeRange *before = r->start ? rs_floor(&t->avail, r->start - 1) : NULL;
-    ExtreeRange *after = rs_after(&t->avail, r->start);
+    ExtreeRange *before = r->start ? extree_rs_floor(&t->avail, r->start - 1) : NULL;
+    ExtreeRange *after = extree_rs_after(&t->avail, r->start);
     uint64_t len = r->len;
 
     if (before && before->start + before->len == r->start) {
@@ -1134,9 +749,9 @@ void extree_alloc_deferred(Extree *t, GArray *discard)
     for (guint i = 0; i < t->discard_later->len; i++) {
         ExtreeAllocOp *op = &g_array_index(t->discard_later, ExtreeAllocOp, i);
         uint64_t end = op->start + op->len;
-        ExtreeRange *r = rs_from(&t->nfree, MAX(op->start, done));
+        ExtreeRange *r = extree_rs_from(&t->nfree, MAX(op->start, done));
 
-        for (; r && r->start < end; r = rs_after(&t->nfree, r->start)) {
+        for (; r && r->start < end; r = extree_rs_after(&t->nfree, r->start)) {
             if (joined_len(t, r) >= MAX(t->node_size, EXT_DISCARD_NODES_MIN)) {
                 discard_less_freed(t, r->start, r->start + r->len, discard);
                 done = r->start + r->len;
@@ -1167,7 +782,7 @@ static ExtreeRangeSet *loaded_set(Extree *t, uint64_t len)
 void extree_alloc_add_loaded(Extree *t, uint64_t start, uint64_t len)
 {
     /* in order: node validation keeps a tree's items sorted, disjoint */
-    rs_append(loaded_set(t, len), start, len);
+    extree_rs_append(loaded_set(t, len), start, len);
 }
 
 /*
@@ -1176,12 +791,12 @@ void extree_alloc_add_loaded(Extree *t, uint64_t start, uint64_t len)
  */
 void extree_alloc_set_loaded(Extree *t, bool loaded)
 {
-    rs_append_done(&t->avail);
-    rs_append_done(&t->nfree);
+    extree_rs_append_done(&t->avail);
+    extree_rs_append_done(&t->nfree);
     if (!loaded) {
-        rs_clear(&t->avail);
-        rs_clear(&t->nfree);
-        rs_clear(&t->touched);
+        extree_rs_clear(&t->avail);
+        extree_rs_clear(&t->nfree);
+        extree_rs_clear(&t->touched);
         t->alloc_partial = false;
         t->unloaded_bytes = 0;
     }
@@ -1201,12 +816,12 @@ void extree_alloc_set_partial(Extree *t, uint64_t free_lo, uint64_t free_hi,
     t->free_lo = free_lo;
     t->free_hi = free_hi;
     t->unloaded_bytes = t->alloc_partial ? unloaded : 0;
-    rs_clear(&t->touched);
+    extree_rs_clear(&t->touched);
 }
 
 /*
  * Loading the rest rebuilds avail and nfree in one ordered pass, as open
- * builds them (rs_append(), no search per range): their ranges move to
+ * builds them (extree_rs_append(), no search per range): their ranges move to
  * the old sets here and come back in key order, interleaved with the
  * tree's (extree_alloc_add_unloaded()), until extree_alloc_rest_end().
  */
@@ -1222,14 +837,14 @@ void extree_alloc_rest_begin(Extree *t)
 static void rest_flush(Extree *t, uint64_t pos)
 {
     for (;;) {
-        ExtreeRange *a = rs_from(&t->rest_avail, t->rest_done);
-        ExtreeRange *n = rs_from(&t->rest_nfree, t->rest_done);
+        ExtreeRange *a = extree_rs_from(&t->rest_avail, t->rest_done);
+        ExtreeRange *n = extree_rs_from(&t->rest_nfree, t->rest_done);
         ExtreeRange *r = a && (!n || a->start < n->start) ? a : n;
 
         if (!r || r->start >= pos) {
             return;
         }
-        rs_append(r == a ? &t->avail : &t->nfree, r->start, r->len);
+        extree_rs_append(r == a ? &t->avail : &t->nfree, r->start, r->len);
         t->rest_done = r->start + r->len;
     }
 }
@@ -1247,7 +862,7 @@ static int add_unread(Extree *t, uint64_t start, uint64_t len, bool in_order)
     uint64_t pos = MAX(start, t->free_lo), end = MIN(start + len, t->free_hi);
 
     while (pos < end) {
-        ExtreeRange *r = rs_from(&t->touched, pos);
+        ExtreeRange *r = extree_rs_from(&t->touched, pos);
         ExtreeRefRange ref;
         uint64_t e;
         bool bad;
@@ -1259,9 +874,9 @@ static int add_unread(Extree *t, uint64_t start, uint64_t len, bool in_order)
         e = r ? MIN(r->start, end) : end;
         if (in_order) {
             /* avail and nfree hold nothing past the last piece yet */
-            bad = rs_overlaps(&t->rest_avail, pos, e - pos) ||
-                  rs_overlaps(&t->rest_nfree, pos, e - pos) ||
-                  rs_overlaps(&t->pending, pos, e - pos) ||
+            bad = extree_rs_overlaps(&t->rest_avail, pos, e - pos) ||
+                  extree_rs_overlaps(&t->rest_nfree, pos, e - pos) ||
+                  extree_rs_overlaps(&t->pending, pos, e - pos) ||
                   (pos < t->resv_end && t->resv_start < e);
         } else {
             bad = extree_alloc_is_free(t, pos, e - pos);
@@ -1272,9 +887,9 @@ static int add_unread(Extree *t, uint64_t start, uint64_t len, bool in_order)
         }
         if (in_order) {
             rest_flush(t, pos);
-            rs_append(loaded_set(t, e - pos), pos, e - pos);
+            extree_rs_append(loaded_set(t, e - pos), pos, e - pos);
         } else {
-            rs_add(loaded_set(t, e - pos), pos, e - pos);
+            extree_rs_add(loaded_set(t, e - pos), pos, e - pos);
         }
         t->unloaded_bytes -= e - pos;
         pos = e;
@@ -1310,7 +925,7 @@ int extree_alloc_add_leaf(Extree *t, const ExtreeItem *items, int nr)
     first = MAX(items[0].key, t->free_lo);
     end = MIN(items[nr - 1].key + items[nr - 1].length, t->free_hi);
     if (first < end) {
-        rs_union(&t->touched, first, end - first);
+        extree_rs_union(&t->touched, first, end - first);
     }
     return 0;
 }
@@ -1319,10 +934,10 @@ int extree_alloc_add_leaf(Extree *t, const ExtreeItem *items, int nr)
 void extree_alloc_rest_end(Extree *t)
 {
     rest_flush(t, UINT64_MAX);
-    rs_append_done(&t->avail);
-    rs_append_done(&t->nfree);
-    rs_clear(&t->rest_avail);
-    rs_clear(&t->rest_nfree);
+    extree_rs_append_done(&t->avail);
+    extree_rs_append_done(&t->nfree);
+    extree_rs_clear(&t->rest_avail);
+    extree_rs_clear(&t->rest_nfree);
     t->rest_done = 0;
 }
 
@@ -1339,9 +954,9 @@ void extree_alloc_reset_free(Extree *t, GArray *used)
 {
     uint64_t pos = t->data_start;
 
-    rs_clear(&t->avail);
-    rs_clear(&t->nfree);
-    rs_clear(&t->pending);
+    extree_rs_clear(&t->avail);
+    extree_rs_clear(&t->nfree);
+    extree_rs_clear(&t->pending);
     extree_alloc_set_partial(t, 0, 0, 0);
     t->resv_start = t->resv_end = 0;
     g_array_set_size(t->oplog, 0);
@@ -1353,7 +968,7 @@ void extree_alloc_reset_free(Extree *t, GArray *used)
             &g_array_index(used, ExtreeAllocOp, i) : NULL;
         uint64_t s = u ? u->start : t->host_end;
         if (s > pos) {
-            rs_add(&t->pending, pos, s - pos);
+            extree_rs_add(&t->pending, pos, s - pos);
             log_op(t, pos, s - pos, true);
             note_freed(t->freed_data, pos, s - pos);
         }
@@ -1371,11 +986,11 @@ void extree_alloc_reset_free(Extree *t, GArray *used)
 int extree_alloc_contig(Extree *t, uint64_t bytes, uint64_t *host)
 {
     ExtreeRangeSet *set = &t->avail;
-    ExtreeRange *r = rs_first_fit(set, bytes);
+    ExtreeRange *r = extree_rs_first_fit(set, bytes);
 
     if (!r) {
         set = &t->nfree;
-        r = rs_first_fit(set, bytes);
+        r = extree_rs_first_fit(set, bytes);
     }
     if (r) {
         *host = r->start;

@@ -364,10 +364,17 @@ typedef struct ExtreeAllocOp {
 } ExtreeAllocOp;
 
 /*
- * A set of disjoint host ranges (extree-alloc.c: a treap keyed by start,
- * augmented with the longest range of each subtree)
+ * A set of disjoint host ranges (extree-rangeset.c: a treap keyed by
+ * start, augmented with the longest range of each subtree)
  */
 typedef struct ExtreeRange ExtreeRange;
+struct ExtreeRange {
+    uint64_t start, len;
+    uint64_t maxlen;            /* longest range in this subtree */
+    uint32_t prio;              /* heap order: parent prio >= child prio */
+    ExtreeRange *left, *right;
+};
+
 typedef struct ExtreeRangeSet {
     ExtreeRange *root;
     uint64_t count, bytes;
@@ -379,6 +386,22 @@ typedef struct ExtreeRangeSet {
     ExtreeRange *free_nodes;
     uint32_t slab_used, slab_len;
 } ExtreeRangeSet;
+
+/* extree-rangeset.c */
+void extree_rs_add(ExtreeRangeSet *s, uint64_t start, uint64_t len);
+ExtreeRange *extree_rs_after(const ExtreeRangeSet *s, uint64_t off);
+void extree_rs_append(ExtreeRangeSet *s, uint64_t start, uint64_t len);
+void extree_rs_append_done(ExtreeRangeSet *s);
+void extree_rs_clear(ExtreeRangeSet *s);
+ExtreeRange *extree_rs_first_fit(const ExtreeRangeSet *s, uint64_t len);
+ExtreeRange *extree_rs_floor(const ExtreeRangeSet *s, uint64_t off);
+ExtreeRange *extree_rs_from(const ExtreeRangeSet *s, uint64_t pos);
+void extree_rs_insert(ExtreeRangeSet *s, uint64_t start, uint64_t len);
+ExtreeRange *extree_rs_last(const ExtreeRangeSet *s);
+uint64_t extree_rs_longest(const ExtreeRangeSet *s);
+bool extree_rs_overlaps(const ExtreeRangeSet *s, uint64_t start, uint64_t len);
+void extree_rs_remove(ExtreeRangeSet *s, uint64_t start, uint64_t len);
+void extree_rs_union(ExtreeRangeSet *s, uint64_t start, uint64_t len);
 
 /* The result of the last extree_bt_find(), valid while t->seq is */
 typedef struct ExtreeFindCache {

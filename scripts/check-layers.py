@@ -19,6 +19,7 @@ import sys
 LAYERS = [
     'extree-crc32c',
     'extree-node',
+    'extree-rangeset',
     ('extree-alloc', 'extree-btree'),
     ('extree-freetree', 'extree-reftree'),
     'extree-extent',
