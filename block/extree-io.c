@@ -436,8 +436,8 @@ extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
         while (nr < EXTREE_READ_BATCH && left > 0) {
             if (pos >= extree_virtual_size(s->t)) {
                 /*
-                 * Only after load_tmp of a smaller snapshot: the node keeps
-                 * its size (as qcow2's does), the rest is unallocated
+                 * Not past the node's end (load_tmp gives the node the
+                 * snapshot's size): a guard, read as unallocated
                  */
                 runs[nr++] = (ExtreeRun) {
                     .guest = pos, .length = left, .type = EXTREE_RUN_UNALLOC,
@@ -1335,7 +1335,7 @@ extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
         return ret;
     }
     if (offset >= extree_virtual_size(s->t)) {
-        /* Past a smaller snapshot loaded by load_tmp: unallocated */
+        /* a guard: the node has the tree's size (load_tmp too) */
         xt_leave(s);
         *pnum = bytes;
         return 0;

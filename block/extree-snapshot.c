@@ -336,6 +336,9 @@ xt_snapshot_load_tmp_locked(BDRVExtreeState *s, void *opaque)
     ret = extree_snapshot_load_tmp(s->t, index);
     if (ret < 0) {
         error_setg_errno(a->errp, -ret, "Failed to load snapshot");
+    } else {
+        /* the snapshot's size; bs->total_sectors follows in the main loop */
+        qatomic_set(&s->virtual_size, extree_virtual_size(s->t));
     }
     trace_extree_snapshot_load_tmp(s, index, extree_virtual_size(s->t), ret);
     xt_snapshot_end(s);
@@ -343,19 +346,23 @@ xt_snapshot_load_tmp_locked(BDRVExtreeState *s, void *opaque)
 }
 
 /*
- * Read-only node: reads see the snapshot from now on (qemu-img convert -l).
- * The node keeps its size, as qcow2's does (qemu-img convert has read it
- * already): past the end of a smaller snapshot it reads as unallocated,
- * and a larger one is cut at the node's size.
+ * Read-only node: reads see the snapshot from now on (qemu-img convert -l),
+ * and the node takes the snapshot's size, as qcow2's does.
  */
 int GRAPH_RDLOCK
 extree_snapshot_load_tmp_bs(BlockDriverState *bs, const char *snapshot_id,
                             const char *name, Error **errp)
 {
+    BDRVExtreeState *s = bs->opaque;
     ExtreeSnapArgs a = { .id = snapshot_id, .name = name, .errp = errp };
+    int ret;
 
     assert(bdrv_is_read_only(bs));
-    return xt_call_locked_op(bs, xt_snapshot_load_tmp_locked, &a);
+    ret = xt_call_locked_op(bs, xt_snapshot_load_tmp_locked, &a);
+    if (ret == 0) {
+        bs->total_sectors = qatomic_read(&s->virtual_size) / BDRV_SECTOR_SIZE;
+    }
+    return ret;
 }
 
 /* ---- VM state ---- */
