@@ -2,10 +2,13 @@
  * extree core: copy-on-write B+tree of range items
  *
  * Items are ranges [key, key + length) with a host offset and a type; the
- * extent tree and the free-space tree are both such trees.  The tree knows
- * nothing of what the items mean: it gets and gives back node space
- * through t->sm (ExtreeSpaceMap), reports every piece of an item a range
- * replace removes to its caller, and never commits.
+ * extent, free-space and reference count trees are all such trees.  The
+ * tree knows nothing of what the items mean: it gets and gives back node
+ * space through t->sm (ExtreeSpaceMap), reports every piece of an item a
+ * range replace removes to its caller, and never commits.  Extent tree
+ * nodes may be shared by several roots (snapshots): a node with more than
+ * one reference is copied before it changes (release_node()), and a drop
+ * frees only what no other root uses (extree_bt_drop()).
  *
  * btrfs vocabulary: a path is nodes[level] + slots[level], every node on it
  * pinned; bt_search descends from the root (CoW-ing each node on the way
@@ -18,7 +21,8 @@
  *   - only the root leaf may be empty; an interior root has >= 2 children;
  *   - a node carrying the running transaction's generation was created in
  *     it and may be changed in place; any other node is copied first (CoW:
- *     new location, old location freed - pending until commit).
+ *     new location, old location freed - pending until commit - or, if
+ *     shared, one reference fewer).
  * Every change bumps t->seq so that cursors notice.
  *
  * Copyright (c) 2026 The extree authors

@@ -1,12 +1,15 @@
 /*
  * extree core: the checker behind qemu-img check
  *
- * Reads every node of both trees from the backend (not from the cache, so
- * that on-disk damage is seen even with a warm cache), validates it like a
- * first read, and records who claims which host range: nodes of each tree,
- * DATA extents, free ranges.  Sorting the claims shows overlaps (two owners:
- * corruption) and gaps (no owner: leaks).  O(nodes + items) reads and time,
- * O(items) memory.
+ * Reads every node of every tree (extent, free-space, reference count,
+ * and each snapshot's extent tree) from the backend (not from the cache,
+ * so that on-disk damage is seen even with a warm cache), validates it like
+ * a first read, and records who claims which host range: nodes of each
+ * tree, DATA extents, free ranges, the snapshot table.  A node or DATA that
+ * several roots share is claimed once and its references counted; the
+ * counts found are compared with the reference count tree.  Sorting the
+ * claims shows overlaps (two owners: corruption) and gaps (no owner:
+ * leaks).  O(nodes + items) reads and time, O(items) memory.
  *
  * Copyright (c) 2026 The extree authors
  *
@@ -423,13 +426,6 @@ static void add_bound(GArray *b, uint64_t pos)
     g_array_append_val(b, pos);
 }
 
-static gint u64_cmp(gconstpointer a, gconstpointer b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-    return x < y ? -1 : x > y;
-}
-
 /*
  * Counts of 2 and more found by the walk (nodes reached from several
  * parents or roots, DATA blocks of several leaves) against those the
@@ -459,7 +455,7 @@ static void check_counts(CheckCtx *c)
             g_array_append_vals(ev, e2, 1);
         }
     }
-    g_array_sort(ev, u64_cmp);
+    g_array_sort(ev, extree_u64_cmp);
     for (guint i = 0; i < ev->len; i++) {
         uint64_t *x = &g_array_index(ev, uint64_t, 2 * i);
 
@@ -492,7 +488,7 @@ static void check_counts(CheckCtx *c)
         add_bound(bounds, g_array_index(rec, Seg, i).start);
         add_bound(bounds, g_array_index(rec, Seg, i).end);
     }
-    g_array_sort(bounds, u64_cmp);
+    g_array_sort(bounds, extree_u64_cmp);
     for (guint i = 0; i + 1 < bounds->len; i++) {
         uint64_t a = g_array_index(bounds, uint64_t, i);
         uint64_t b = g_array_index(bounds, uint64_t, i + 1);

@@ -240,10 +240,11 @@ typedef struct ExtreeNodeExpect {
  * nothing else of the allocator, so it runs over any space map (the unit
  * tests give it a table in memory).
  *
- * References are counted per block: 0 free, 1 one owner, more shared.  No
- * feature of this format version shares a block, so the allocator's map
- * (extree-alloc.c) holds exactly one reference to every used block and
- * refuses a second one; snapshots will store counts behind this interface.
+ * References are counted per block: 0 free, 1 one owner, more shared.
+ * Without snapshots no block is shared and the map refuses a second
+ * reference; with them (EXTREE_INCOMPAT_SNAPSHOTS) the counts of 2 and
+ * more are kept in t->refs and the reference count tree, and extent tree
+ * nodes and DATA are shared between the live tree and the snapshots.
  * Space whose last reference is dropped is free once the transaction
  * commits, not before (the last durable state still uses it).
  */
@@ -799,8 +800,89 @@ int extree_probe_same_data(Extree *t, ExtreeProbe *pr, uint64_t guest,
                            uint64_t len, uint64_t host, uint64_t *found,
                            uint64_t *flen);
 
+/* ---- below the transaction layer: the superblock, the snapshot table ---- */
+
+/* CPU view of ExtreeDiskSuper */
+typedef struct ExtreeSuper {
+    uint64_t generation, incompat, compat, autoclear;
+    uint64_t virtual_size, host_end;
+    uint32_t block_size, node_size;
+    /* indexed by tree owner (EXT_NTREES) */
+    uint64_t root[EXT_NTREES], root_gen[EXT_NTREES];
+    unsigned root_level[EXT_NTREES];
+    uint64_t extent_count, free_bytes;
+    uint64_t extent_bytes;      /* valid with EXTREE_AUTOCLEAR_EXTENT_BYTES */
+    /* with EXTREE_INCOMPAT_SNAPSHOTS, root[EXTREE_TREE_REFS] too */
+    uint64_t snap_table, snap_gen;
+    uint32_t snap_count;
+    char backing_file[EXTREE_BACKING_FILE_MAX + 1];
+    char backing_fmt[EXTREE_BACKING_FMT_MAX + 1];
+} ExtreeSuper;
+
+/* What extree_sb_read() found out about the slot it did not use */
+typedef struct ExtreeSkipped {
+    bool skipped;               /* the slot is invalid */
+    bool sum_ok;                /* ... but magic and checksum were right */
+    uint64_t raw_gen;           /* its generation field, as stored */
+    /*
+     * "corrupt superblock at offset 0x..: ..; slot skipped, ..." (g_malloc'd)
+     */
+    char *why;
+} ExtreeSkipped;
+
+/* Little helpers of the on-disk checks */
+static inline bool extree_all_zero(const uint8_t *p, size_t len)
+{
+    return len == 0 || (p[0] == 0 && memcmp(p, p + 1, len - 1) == 0);
+}
+
+static inline bool extree_is_pow2_in(uint64_t v, uint64_t lo, uint64_t hi)
+{
+    return v >= lo && v <= hi && (v & (v - 1)) == 0;
+}
+
+static inline void extree_root_encode(uint8_t *p, uint64_t bytenr,
+                                      uint64_t gen, unsigned level)
+{
+    ext_st64(p + EXT_RT_BYTENR, bytenr);
+    ext_st64(p + EXT_RT_GEN, gen);
+    p[EXT_RT_LEVEL] = level;
+}
+
+/* Bytes of a snapshot table of @count entries */
+static inline uint64_t extree_snap_table_bytes(uint32_t count,
+                                               uint32_t block_size)
+{
+    return EXTREE_ROUND_UP(sizeof(ExtreeDiskSnapHeader) +
+                           (uint64_t)count * EXTREE_SNAP_ENTRY_SIZE,
+                           block_size);
+}
+
+/* g_array_sort() order of uint64_t */
+static inline gint extree_u64_cmp(gconstpointer a, gconstpointer b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+/* extree-super.c */
+void extree_sb_encode(const ExtreeSuper *s, uint8_t *buf);
+int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
+                     bool *sum_ok);
+void extree_sb_from_tree(Extree *t, ExtreeSuper *s);
+int extree_sb_write(ExtreeBackend *be, const ExtreeSuper *s, char **why);
+int extree_sb_check(Extree *t, const ExtreeSuper *s);
+int extree_sb_write_t(Extree *t, const ExtreeSuper *s);
+int extree_sb_read(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
+                   char **errmsg, ExtreeSkipped *skip);
+
+/* extree-snaptab.c */
+int extree_snap_table_load(Extree *t, const ExtreeSuper *sb);
+uint8_t *extree_snap_table_encode(Extree *t, uint64_t *len);
+int extree_snap_table_moved(Extree *t);
+
 /* extree-txn.c */
 uint64_t extree_sb_free_bytes(const Extree *t);
-int extree_snap_table_moved(Extree *t);
 
 #endif /* BLOCK_EXTREE_INT_H */

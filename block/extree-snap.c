@@ -20,6 +20,11 @@ unsigned extree_snapshot_count(const Extree *t)
     return t->snaps ? t->snaps->len : 0;
 }
 
+uint64_t extree_snapshot_table_bytes(const Extree *t, unsigned count)
+{
+    return extree_snap_table_bytes(count, t->block_size);
+}
+
 static void info_from_snap(const ExtreeSnap *sn, ExtreeSnapshotInfo *info)
 {
     memset(info, 0, sizeof(*info));

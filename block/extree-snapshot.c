@@ -101,12 +101,6 @@ static void coroutine_fn xt_snapshot_end(BDRVExtreeState *s)
     xt_gate_open(s);
 }
 
-/* Bytes of the snapshot table with @count entries (spec: Snapshot table) */
-static uint64_t xt_snap_table_bytes(BDRVExtreeState *s, unsigned count)
-{
-    return ROUND_UP(64 + 512 * (uint64_t)count, s->block_size);
-}
-
 static int coroutine_fn GRAPH_RDLOCK
 xt_snapshot_create_locked(BDRVExtreeState *s, void *opaque)
 {
@@ -133,7 +127,7 @@ xt_snapshot_create_locked(BDRVExtreeState *s, void *opaque)
     pstrcpy(info.id, sizeof(info.id), sn_info->id_str);
     pstrcpy(info.name, sizeof(info.name), sn_info->name);
 
-    ret = xt_snapshot_begin(s, xt_snap_table_bytes(s,
+    ret = xt_snapshot_begin(s, extree_snapshot_table_bytes(s->t,
                                 extree_snapshot_count(s->t) + 1));
     if (ret == 0) {
         ret = extree_snapshot_create(s->t, &info);

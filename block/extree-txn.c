@@ -1,11 +1,9 @@
 /*
- * extree core: superblocks, create, open, close, commit
+ * extree core: create, open, close, commit
  *
- * Two superblock slots (LMDB's two meta pages): the commit of generation G
- * writes slot G % 2, so the previous generation stays intact in the other
- * slot until the new one is durable.  Open takes the valid slot with the
- * highest generation; a torn newer slot fails its checksum and the older
- * one is used.
+ * The transaction layer: the only caller of commit below the driver.  The
+ * superblock's slots are extree-super.c's, the snapshot table
+ * extree-snaptab.c's.
  *
  * Copyright (c) 2026 The extree authors
  *
@@ -15,379 +13,6 @@
 #include <stddef.h>
 
 #include "extree-int.h"
-
-/* CPU view of ExtreeDiskSuper */
-typedef struct ExtreeSuper {
-    uint64_t generation, incompat, compat, autoclear;
-    uint64_t virtual_size, host_end;
-    uint32_t block_size, node_size;
-    /* indexed by tree owner (EXT_NTREES) */
-    uint64_t root[EXT_NTREES], root_gen[EXT_NTREES];
-    unsigned root_level[EXT_NTREES];
-    uint64_t extent_count, free_bytes;
-    uint64_t extent_bytes;      /* valid with EXTREE_AUTOCLEAR_EXTENT_BYTES */
-    /* with EXTREE_INCOMPAT_SNAPSHOTS, root[EXTREE_TREE_REFS] too */
-    uint64_t snap_table, snap_gen;
-    uint32_t snap_count;
-    char backing_file[EXTREE_BACKING_FILE_MAX + 1];
-    char backing_fmt[EXTREE_BACKING_FMT_MAX + 1];
-} ExtreeSuper;
-
-#define SB_OFF(f) offsetof(ExtreeDiskSuper, f)
-
-/* Bytes of a snapshot table of @count entries */
-static uint64_t snap_table_bytes(uint32_t count, uint32_t block_size)
-{
-    return EXTREE_ROUND_UP(sizeof(ExtreeDiskSnapHeader) +
-                           (uint64_t)count * EXTREE_SNAP_ENTRY_SIZE,
-                           block_size);
-}
-
-static uint32_t sb_csum(const uint8_t *buf)
-{
-    uint8_t zero[4] = { 0 };
-    uint32_t c = extree_crc32c(0, buf, SB_OFF(csum));
-    c = extree_crc32c(c, zero, 4);
-    return extree_crc32c(c, buf + SB_OFF(csum) + 4,
-                         EXTREE_SB_SIZE - SB_OFF(csum) - 4);
-}
-
-/* Where the superblock keeps the root of tree @owner */
-static size_t sb_root_off(uint32_t owner)
-{
-    switch (owner) {
-    case EXTREE_TREE_FREE:
-        return SB_OFF(free_root);
-    case EXTREE_TREE_REFS:
-        return SB_OFF(ref_root);
-    default:
-        return SB_OFF(extent_root);
-    }
-}
-
-static void root_encode(uint8_t *p, uint64_t bytenr, uint64_t gen,
-                        unsigned level)
-{
-    ext_st64(p + EXT_RT_BYTENR, bytenr);
-    ext_st64(p + EXT_RT_GEN, gen);
-    p[EXT_RT_LEVEL] = level;
-}
-
-static void sb_encode(const ExtreeSuper *s, uint8_t *buf)
-{
-    size_t flen = strlen(s->backing_file), mlen = strlen(s->backing_fmt);
-
-    memset(buf, 0, EXTREE_SB_SIZE);
-    ext_st64(buf + SB_OFF(magic), EXTREE_MAGIC);
-    ext_st32(buf + SB_OFF(version), EXTREE_VERSION);
-    ext_st32(buf + SB_OFF(sb_size), EXTREE_SB_SIZE);
-    ext_st64(buf + SB_OFF(generation), s->generation);
-    ext_st64(buf + SB_OFF(incompat_features), s->incompat);
-    ext_st64(buf + SB_OFF(compat_features), s->compat);
-    ext_st64(buf + SB_OFF(autoclear_features), s->autoclear);
-    ext_st64(buf + SB_OFF(virtual_size), s->virtual_size);
-    ext_st32(buf + SB_OFF(block_size), s->block_size);
-    ext_st32(buf + SB_OFF(node_size), s->node_size);
-    ext_st64(buf + SB_OFF(host_end), s->host_end);
-    for (uint32_t o = EXTREE_TREE_EXTENT; o < EXT_NTREES; o++) {
-        root_encode(buf + sb_root_off(o), s->root[o], s->root_gen[o],
-                    s->root_level[o]);
-    }
-    ext_st64(buf + SB_OFF(extent_count), s->extent_count);
-    ext_st64(buf + SB_OFF(free_bytes), s->free_bytes);
-    ext_st64(buf + SB_OFF(extent_bytes), s->extent_bytes);
-    ext_st64(buf + SB_OFF(snap_table_offset), s->snap_table);
-    ext_st32(buf + SB_OFF(snap_count), s->snap_count);
-    ext_st64(buf + SB_OFF(snap_generation), s->snap_gen);
-    buf[SB_OFF(backing_file_len)] = flen & 0xff;
-    buf[SB_OFF(backing_file_len) + 1] = flen >> 8;
-    buf[SB_OFF(backing_fmt_len)] = mlen & 0xff;
-    buf[SB_OFF(backing_fmt_len) + 1] = mlen >> 8;
-    memcpy(buf + SB_OFF(backing_fmt), s->backing_fmt, mlen);
-    memcpy(buf + SB_OFF(backing_file), s->backing_file, flen);
-    ext_st32(buf + SB_OFF(csum), sb_csum(buf));
-}
-
-static bool all_zero(const uint8_t *p, size_t len)
-{
-    return len == 0 || (p[0] == 0 && memcmp(p, p + 1, len - 1) == 0);
-}
-
-static bool is_pow2_in(uint64_t v, uint64_t lo, uint64_t hi)
-{
-    return v >= lo && v <= hi && (v & (v - 1)) == 0;
-}
-
-/*
- * Decode and validate a superblock slot.  -EINVAL (bad magic or field),
- * -ENOTSUP (version), -EIO (checksum); *@why says what.  *@sum_ok tells
- * whether magic and checksum were right: a slot that fails after that was
- * not torn by a crash.
- */
-static int sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
-                     bool *sum_ok)
-{
-    uint64_t magic = ext_ld64(buf + SB_OFF(magic));
-    uint32_t version = ext_ld32(buf + SB_OFF(version));
-    uint32_t csum = ext_ld32(buf + SB_OFF(csum)), want;
-    uint64_t data_start, key_bytes;
-    unsigned flen, mlen;
-    bool snaps;
-
-    *sum_ok = false;
-    if (magic != EXTREE_MAGIC) {
-        *why = g_strdup_printf("bad magic, have 0x%016" PRIx64 " expect 0x%016"
-                               PRIx64, magic, (uint64_t)EXTREE_MAGIC);
-        return -EINVAL;
-    }
-    want = sb_csum(buf);
-    if (csum != want) {
-        *why = g_strdup_printf("bad checksum, have 0x%08x expect 0x%08x",
-                               csum, want);
-        return -EIO;
-    }
-    *sum_ok = true;
-    if (version != EXTREE_VERSION) {
-        *why = g_strdup_printf("unsupported version, have %u expect %u",
-                               version, EXTREE_VERSION);
-        return -ENOTSUP;
-    }
-    if (ext_ld32(buf + SB_OFF(sb_size)) != EXTREE_SB_SIZE) {
-        *why = g_strdup_printf("bad sb_size, have %u expect %u",
-                               ext_ld32(buf + SB_OFF(sb_size)),
-                               EXTREE_SB_SIZE);
-        return -EINVAL;
-    }
-    memset(s, 0, sizeof(*s));
-    s->generation = ext_ld64(buf + SB_OFF(generation));
-    s->incompat = ext_ld64(buf + SB_OFF(incompat_features));
-    s->compat = ext_ld64(buf + SB_OFF(compat_features));
-    s->autoclear = ext_ld64(buf + SB_OFF(autoclear_features));
-    s->virtual_size = ext_ld64(buf + SB_OFF(virtual_size));
-    s->block_size = ext_ld32(buf + SB_OFF(block_size));
-    s->node_size = ext_ld32(buf + SB_OFF(node_size));
-    s->host_end = ext_ld64(buf + SB_OFF(host_end));
-    /* the reference count tree's too: all zero without snapshots */
-    for (uint32_t o = EXTREE_TREE_EXTENT; o < EXT_NTREES; o++) {
-        const uint8_t *r = buf + sb_root_off(o);
-        s->root[o] = ext_ld64(r + EXT_RT_BYTENR);
-        s->root_gen[o] = ext_ld64(r + EXT_RT_GEN);
-        s->root_level[o] = r[EXT_RT_LEVEL];
-    }
-    s->extent_count = ext_ld64(buf + SB_OFF(extent_count));
-    s->free_bytes = ext_ld64(buf + SB_OFF(free_bytes));
-    s->extent_bytes = ext_ld64(buf + SB_OFF(extent_bytes));
-    s->snap_table = ext_ld64(buf + SB_OFF(snap_table_offset));
-    s->snap_count = ext_ld32(buf + SB_OFF(snap_count));
-    s->snap_gen = ext_ld64(buf + SB_OFF(snap_generation));
-    flen = buf[SB_OFF(backing_file_len)] |
-           (buf[SB_OFF(backing_file_len) + 1] << 8);
-    mlen = buf[SB_OFF(backing_fmt_len)] |
-           (buf[SB_OFF(backing_fmt_len) + 1] << 8);
-
-    if (s->generation == 0 || s->generation > EXTREE_MAX_GENERATION) {
-        *why = g_strdup_printf("bad generation %" PRIu64 " (max %" PRIu64 ")",
-                               s->generation,
-                               (uint64_t)EXTREE_MAX_GENERATION);
-        return -EINVAL;
-    }
-    if (!is_pow2_in(s->block_size, EXTREE_MIN_BLOCK_SIZE,
-                    EXTREE_MAX_BLOCK_SIZE)) {
-        *why = g_strdup_printf("bad block_size %u", s->block_size);
-        return -EINVAL;
-    }
-    if (!is_pow2_in(s->node_size, EXTREE_MIN_NODE_SIZE,
-                    EXTREE_MAX_NODE_SIZE) || s->node_size < s->block_size) {
-        *why = g_strdup_printf("bad node_size %u (block_size %u)",
-                               s->node_size, s->block_size);
-        return -EINVAL;
-    }
-    if (s->virtual_size % 512 || s->virtual_size > EXTREE_MAX_VIRTUAL_SIZE) {
-        *why = g_strdup_printf("bad virtual_size 0x%" PRIx64,
-                               s->virtual_size);
-        return -EINVAL;
-    }
-    data_start = EXTREE_ROUND_UP(EXTREE_SB_AREA, s->block_size);
-    if (!EXTREE_IS_ALIGNED(s->host_end, s->block_size) ||
-        s->host_end < data_start + s->node_size ||
-        s->host_end > (uint64_t)INT64_MAX) {
-        *why = g_strdup_printf("bad host_end 0x%" PRIx64, s->host_end);
-        return -EINVAL;
-    }
-    snaps = s->incompat & EXTREE_INCOMPAT_SNAPSHOTS;
-    if (!snaps && (s->root[EXTREE_TREE_REFS] ||
-                   s->root_gen[EXTREE_TREE_REFS] ||
-                   s->root_level[EXTREE_TREE_REFS] || s->snap_table ||
-                   s->snap_count || s->snap_gen)) {
-        *why = g_strdup("snapshot fields set without the snapshots "
-                        "feature");
-        return -EINVAL;
-    }
-    if (snaps && s->virtual_size > EXTREE_SNAP_MAX_VIRTUAL_SIZE) {
-        *why = g_strdup_printf("bad virtual_size 0x%" PRIx64 " (max 0x%"
-                               PRIx64 " with snapshots)", s->virtual_size,
-                               EXTREE_SNAP_MAX_VIRTUAL_SIZE);
-        return -EINVAL;
-    }
-    if (snaps && (s->snap_count > EXTREE_MAX_SNAPSHOTS ||
-                  s->snap_gen > s->generation + 1 ||
-                  (s->snap_count == 0) != (s->snap_table == 0) ||
-                  (s->snap_table &&
-                   (!EXTREE_IS_ALIGNED(s->snap_table, s->block_size) ||
-                    s->snap_table < data_start ||
-                    s->snap_table >= s->host_end ||
-                    s->host_end - s->snap_table <
-                    snap_table_bytes(s->snap_count, s->block_size))))) {
-        *why = g_strdup_printf("bad snapshot table, have offset 0x%" PRIx64
-                               " count %u snap_generation %" PRIu64,
-                               s->snap_table, s->snap_count, s->snap_gen);
-        return -EINVAL;
-    }
-    for (uint32_t o = EXTREE_TREE_EXTENT;
-         o <= (snaps ? EXTREE_TREE_REFS : EXTREE_TREE_FREE); o++) {
-        if (!EXTREE_IS_ALIGNED(s->root[o], s->block_size) ||
-            s->root[o] < data_start || s->root[o] >= s->host_end ||
-            s->host_end - s->root[o] < s->node_size ||
-            s->root_gen[o] == 0 || s->root_gen[o] > s->generation ||
-            s->root_level[o] >= EXTREE_MAX_LEVELS) {
-            *why = g_strdup_printf("bad %s root, have offset 0x%" PRIx64
-                                   " generation %" PRIu64 " level %u",
-                                   extree_tree_name(o), s->root[o],
-                                   s->root_gen[o], s->root_level[o]);
-            return -EINVAL;
-        }
-    }
-    key_bytes = EXTREE_ROUND_UP(s->virtual_size, s->block_size) +
-                (snaps ? EXTREE_VMSTATE_MAX : 0);
-    if (s->extent_count > key_bytes / s->block_size) {
-        *why = g_strdup_printf("bad extent_count %" PRIu64 " (max %" PRIu64
-                               ")", s->extent_count,
-                               key_bytes / s->block_size);
-        return -EINVAL;
-    }
-    if ((s->autoclear & EXTREE_AUTOCLEAR_EXTENT_BYTES) &&
-        (!EXTREE_IS_ALIGNED(s->extent_bytes, s->block_size) ||
-         s->extent_bytes > key_bytes)) {
-        *why = g_strdup_printf("bad extent_bytes 0x%" PRIx64,
-                               s->extent_bytes);
-        return -EINVAL;
-    }
-    if (s->free_bytes > s->host_end - data_start ||
-        !EXTREE_IS_ALIGNED(s->free_bytes, s->block_size)) {
-        *why = g_strdup_printf("bad free_bytes 0x%" PRIx64, s->free_bytes);
-        return -EINVAL;
-    }
-    if (flen > EXTREE_BACKING_FILE_MAX || mlen > EXTREE_BACKING_FMT_MAX ||
-        memchr(buf + SB_OFF(backing_file), 0, flen) ||
-        memchr(buf + SB_OFF(backing_fmt), 0, mlen) || (mlen && !flen) ||
-        !all_zero(buf + SB_OFF(backing_file) + flen,
-                  EXTREE_BACKING_FILE_MAX + 1 - flen) ||
-        !all_zero(buf + SB_OFF(backing_fmt) + mlen,
-                  EXTREE_BACKING_FMT_MAX + 1 - mlen)) {
-        *why = g_strdup_printf("bad backing file name (length %u, format "
-                               "length %u)", flen, mlen);
-        return -EINVAL;
-    }
-    memcpy(s->backing_file, buf + SB_OFF(backing_file), flen);
-    memcpy(s->backing_fmt, buf + SB_OFF(backing_fmt), mlen);
-    return 0;
-}
-
-/* The superblock describing the in-memory state */
-static void super_from_tree(Extree *t, ExtreeSuper *s)
-{
-    memset(s, 0, sizeof(*s));
-    s->generation = t->trans_gen;
-    s->incompat = t->incompat;
-    s->compat = t->compat;
-    s->virtual_size = t->virtual_size;
-    s->block_size = t->block_size;
-    s->node_size = t->node_size;
-    s->host_end = t->host_end;
-    EXT_FOR_EACH_TREE(o) {
-        s->root[o] = t->trees[o].root;
-        s->root_gen[o] = t->trees[o].root_gen;
-        s->root_level[o] = t->trees[o].level;
-    }
-    s->extent_count = t->trees[EXTREE_TREE_EXTENT].nitems;
-    s->free_bytes = t->trees[EXTREE_TREE_FREE].total;
-    s->extent_bytes = t->trees[EXTREE_TREE_EXTENT].total;
-    s->autoclear = EXTREE_AUTOCLEAR_EXTENT_BYTES;
-    if (extree_has_refs(t)) {
-        ExtreeTree *rt = &t->trees[EXTREE_TREE_REFS];
-
-        s->root[EXTREE_TREE_REFS] = rt->root;
-        s->root_gen[EXTREE_TREE_REFS] = rt->root_gen;
-        s->root_level[EXTREE_TREE_REFS] = rt->level;
-        s->snap_table = t->snap_table;
-        s->snap_count = t->snaps ? t->snaps->len : 0;
-        s->snap_gen = t->snap_gen;
-    }
-    g_strlcpy(s->backing_file, t->backing_file ? t->backing_file : "",
-              sizeof(s->backing_file));
-    g_strlcpy(s->backing_fmt, t->backing_fmt ? t->backing_fmt : "",
-              sizeof(s->backing_fmt));
-}
-
-/*
- * Write superblock @s into its slot, after the validation a reader applies
- * to it: a writer must never commit what its own reader would reject (the
- * image would fall back to an older generation, or be lost).  -EIO with
- * *@why (g_malloc'd) if @s is invalid; nothing is written then.
- */
-static int write_super(ExtreeBackend *be, const ExtreeSuper *s, char **why)
-{
-    uint8_t *buf = g_malloc(EXTREE_SB_SIZE);
-    ExtreeSuper check;
-    bool sum_ok;
-    int ret;
-
-    *why = NULL;
-    sb_encode(s, buf);
-    if (sb_decode(buf, &check, why, &sum_ok) < 0) {
-        g_free(buf);
-        return -EIO;
-    }
-    ret = be->ops->pwrite(be->opaque, (s->generation % 2) * EXTREE_SB_SIZE,
-                          buf, EXTREE_SB_SIZE);
-    g_free(buf);
-    return ret;
-}
-
-/* Check @s as a reader would, without writing it: invalid is corruption */
-static int check_super(Extree *t, const ExtreeSuper *s)
-{
-    uint8_t *buf = g_malloc(EXTREE_SB_SIZE);
-    ExtreeSuper check;
-    char *why = NULL;
-    bool sum_ok;
-    int ret = 0;
-
-    sb_encode(s, buf);
-    if (sb_decode(buf, &check, &why, &sum_ok) < 0) {
-        ret = extree_corrupt(t, (s->generation % 2) * EXTREE_SB_SIZE,
-                             "corrupt superblock at offset 0x%" PRIx64
-                             ": refusing to commit generation %" PRIu64
-                             " with %s", (s->generation % 2) *
-                             (uint64_t)EXTREE_SB_SIZE, s->generation, why);
-        g_free(why);
-    }
-    g_free(buf);
-    return ret;
-}
-
-/* write_super() for a handle: an invalid superblock is corruption */
-static int write_super_t(Extree *t, const ExtreeSuper *s)
-{
-    char *why = NULL;
-    int ret = check_super(t, s);
-
-    if (ret == 0) {
-        ret = write_super(t->be, s, &why);
-        g_free(why);
-    }
-    return ret;
-}
 
 static int check_backing(const char *file, const char *fmt, char **errmsg)
 {
@@ -425,7 +50,7 @@ int extree_create_check(const ExtreeCreateParams *p, char **errmsg)
         return -EINVAL;
     }
     /* a block never exceeds its node, so nodes bound blocks too */
-    if (!is_pow2_in(bs, EXTREE_MIN_BLOCK_SIZE,
+    if (!extree_is_pow2_in(bs, EXTREE_MIN_BLOCK_SIZE,
                     MIN(EXTREE_MAX_BLOCK_SIZE, EXTREE_MAX_NODE_SIZE))) {
         *errmsg = g_strdup_printf("Block size must be a power of two between "
                                   "%d and %d bytes", EXTREE_MIN_BLOCK_SIZE,
@@ -433,7 +58,7 @@ int extree_create_check(const ExtreeCreateParams *p, char **errmsg)
                                       EXTREE_MAX_NODE_SIZE));
         return -EINVAL;
     }
-    if (!is_pow2_in(ns, EXTREE_MIN_NODE_SIZE, EXTREE_MAX_NODE_SIZE)) {
+    if (!extree_is_pow2_in(ns, EXTREE_MIN_NODE_SIZE, EXTREE_MAX_NODE_SIZE)) {
         *errmsg = g_strdup_printf("Node size must be a power of two between "
                                   "%d and %d bytes", EXTREE_MIN_NODE_SIZE,
                                   EXTREE_MAX_NODE_SIZE);
@@ -504,8 +129,8 @@ int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
     if (ret == 0) {
         ret = be->ops->flush(be->opaque);
     }
-    sb_encode(&s, buf);
-    if (ret == 0 && sb_decode(buf, &check, &why, &sum_ok) < 0) {
+    extree_sb_encode(&s, buf);
+    if (ret == 0 && extree_sb_decode(buf, &check, &why, &sum_ok) < 0) {
         /* create's own checks above must have caught this */
         *errmsg = g_strdup_printf("Invalid new superblock: %s", why);
         g_free(why);
@@ -529,222 +154,6 @@ int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
     return ret;
 }
 
-/* ---- the snapshot table ---- */
-
-#define SN_OFF(f) offsetof(ExtreeDiskSnapEntry, f)
-#define SH_OFF(f) offsetof(ExtreeDiskSnapHeader, f)
-
-static void snap_encode(uint8_t *p, const ExtreeSnap *sn)
-{
-    size_t ilen = strlen(sn->id), nlen = strlen(sn->name);
-
-    memset(p, 0, EXTREE_SNAP_ENTRY_SIZE);
-    root_encode(p + SN_OFF(root), sn->root, sn->root_gen, sn->level);
-    ext_st64(p + SN_OFF(generation), sn->generation);
-    ext_st64(p + SN_OFF(virtual_size), sn->virtual_size);
-    ext_st64(p + SN_OFF(extent_count), sn->extent_count);
-    ext_st64(p + SN_OFF(extent_bytes), sn->extent_bytes);
-    ext_st64(p + SN_OFF(date_sec), sn->date_sec);
-    ext_st32(p + SN_OFF(date_nsec), sn->date_nsec);
-    ext_st64(p + SN_OFF(vm_clock_nsec), sn->vm_clock_nsec);
-    ext_st64(p + SN_OFF(vm_state_size), sn->vm_state_size);
-    ext_st64(p + SN_OFF(icount), sn->icount);
-    p[SN_OFF(id_len)] = ilen;
-    p[SN_OFF(name_len)] = nlen;
-    memcpy(p + SN_OFF(id), sn->id, ilen);
-    memcpy(p + SN_OFF(name), sn->name, nlen);
-}
-
-/* Entry @p of a table read at open: every field within the spec's range */
-static char *snap_decode(Extree *t, const uint8_t *p, ExtreeSnap *sn)
-{
-    uint64_t key_bytes;
-    unsigned ilen = p[SN_OFF(id_len)] | (p[SN_OFF(id_len) + 1] << 8);
-    unsigned nlen = p[SN_OFF(name_len)] | (p[SN_OFF(name_len) + 1] << 8);
-
-    memset(sn, 0, sizeof(*sn));
-    sn->root = ext_ld64(p + SN_OFF(root) + EXT_RT_BYTENR);
-    sn->root_gen = ext_ld64(p + SN_OFF(root) + EXT_RT_GEN);
-    sn->level = p[SN_OFF(root) + EXT_RT_LEVEL];
-    sn->generation = ext_ld64(p + SN_OFF(generation));
-    sn->virtual_size = ext_ld64(p + SN_OFF(virtual_size));
-    sn->extent_count = ext_ld64(p + SN_OFF(extent_count));
-    sn->extent_bytes = ext_ld64(p + SN_OFF(extent_bytes));
-    sn->date_sec = ext_ld64(p + SN_OFF(date_sec));
-    sn->date_nsec = ext_ld32(p + SN_OFF(date_nsec));
-    sn->vm_clock_nsec = ext_ld64(p + SN_OFF(vm_clock_nsec));
-    sn->vm_state_size = ext_ld64(p + SN_OFF(vm_state_size));
-    sn->icount = ext_ld64(p + SN_OFF(icount));
-
-    if (!EXTREE_IS_ALIGNED(sn->root, t->block_size) ||
-        sn->root < t->data_start || sn->root >= t->host_end ||
-        t->host_end - sn->root < t->node_size || sn->root_gen == 0 ||
-        sn->root_gen > sn->generation || sn->generation >= t->generation ||
-        sn->level >= EXTREE_MAX_LEVELS) {
-        return g_strdup_printf("bad root, have offset 0x%" PRIx64
-                               " generation %" PRIu64 " level %u (taken at "
-                               "generation %" PRIu64 ")", sn->root,
-                               sn->root_gen, sn->level, sn->generation);
-    }
-    key_bytes = EXTREE_ROUND_UP(sn->virtual_size, t->block_size) +
-                EXTREE_VMSTATE_MAX;
-    if (sn->virtual_size % 512 ||
-        sn->virtual_size > EXTREE_SNAP_MAX_VIRTUAL_SIZE ||
-        sn->extent_count > key_bytes / t->block_size ||
-        !EXTREE_IS_ALIGNED(sn->extent_bytes, t->block_size) ||
-        sn->extent_bytes > key_bytes || sn->date_nsec >= 1000000000 ||
-        sn->vm_state_size > EXTREE_VMSTATE_MAX) {
-        return g_strdup_printf("bad size or count, have virtual_size 0x%"
-                               PRIx64 " extent_count %" PRIu64
-                               " extent_bytes 0x%" PRIx64 " vm_state_size 0x%"
-                               PRIx64, sn->virtual_size, sn->extent_count,
-                               sn->extent_bytes, sn->vm_state_size);
-    }
-    if (ilen < 1 || ilen > EXTREE_SNAP_ID_MAX ||
-        nlen > EXTREE_SNAP_NAME_MAX ||
-        memchr(p + SN_OFF(id), 0, ilen) ||
-        memchr(p + SN_OFF(name), 0, nlen) ||
-        !all_zero(p + SN_OFF(id) + ilen, EXTREE_SNAP_ID_MAX + 1 - ilen) ||
-        !all_zero(p + SN_OFF(name) + nlen, EXTREE_SNAP_NAME_MAX + 1 - nlen)) {
-        return g_strdup_printf("bad id or name (lengths %u, %u)", ilen, nlen);
-    }
-    memcpy(sn->id, p + SN_OFF(id), ilen);
-    memcpy(sn->name, p + SN_OFF(name), nlen);
-    return NULL;
-}
-
-static uint32_t snap_table_csum(const uint8_t *buf, uint64_t len)
-{
-    uint8_t zero[4] = { 0 };
-    uint32_t c = extree_crc32c(0, buf, SH_OFF(csum));
-
-    c = extree_crc32c(c, zero, 4);
-    return extree_crc32c(c, buf + SH_OFF(csum) + 4, len - SH_OFF(csum) - 4);
-}
-
-/* The table as it is in memory, ready to write (snap_table_bytes()) */
-static uint8_t *snap_table_encode(Extree *t, uint64_t *len)
-{
-    uint32_t n = t->snaps->len;
-    uint64_t used = sizeof(ExtreeDiskSnapHeader) +
-                    (uint64_t)n * EXTREE_SNAP_ENTRY_SIZE;
-    uint8_t *buf;
-
-    *len = snap_table_bytes(n, t->block_size);
-    buf = g_malloc0(*len);
-    ext_st32(buf + SH_OFF(magic), EXTREE_SNAP_MAGIC);
-    ext_st32(buf + SH_OFF(count), n);
-    ext_st32(buf + SH_OFF(entry_size), EXTREE_SNAP_ENTRY_SIZE);
-    for (uint32_t i = 0; i < n; i++) {
-        snap_encode(buf + sizeof(ExtreeDiskSnapHeader) +
-                    (size_t)i * EXTREE_SNAP_ENTRY_SIZE,
-                    &g_array_index(t->snaps, ExtreeSnap, i));
-    }
-    ext_st32(buf + SH_OFF(csum), snap_table_csum(buf, used));
-    return buf;
-}
-
-/* Open: read and validate the snapshot table @sb names.  O(snapshots). */
-static int snap_table_load(Extree *t, const ExtreeSuper *sb)
-{
-    uint64_t len = snap_table_bytes(sb->snap_count, t->block_size);
-    uint64_t used = sizeof(ExtreeDiskSnapHeader) +
-                    (uint64_t)sb->snap_count * EXTREE_SNAP_ENTRY_SIZE;
-    GHashTable *ids;
-    uint8_t *buf;
-    char *why = NULL;
-    int ret;
-
-    t->snaps = g_array_new(false, false, sizeof(ExtreeSnap));
-    if (!sb->snap_count) {
-        return 0;
-    }
-    buf = g_malloc(len);
-    ret = t->be->ops->pread(t->be->opaque, sb->snap_table, buf, len);
-    if (ret < 0) {
-        g_free(buf);
-        return ret;
-    }
-    if (ext_ld32(buf + SH_OFF(magic)) != EXTREE_SNAP_MAGIC) {
-        why = g_strdup_printf("bad magic 0x%08x",
-                              ext_ld32(buf + SH_OFF(magic)));
-    } else if (ext_ld32(buf + SH_OFF(csum)) != snap_table_csum(buf, used)) {
-        why = g_strdup_printf("bad checksum, have 0x%08x expect 0x%08x",
-                              ext_ld32(buf + SH_OFF(csum)),
-                              snap_table_csum(buf, used));
-    } else if (ext_ld32(buf + SH_OFF(count)) != sb->snap_count ||
-               ext_ld32(buf + SH_OFF(entry_size)) !=
-               EXTREE_SNAP_ENTRY_SIZE) {
-        why = g_strdup_printf("bad count %u or entry size %u, expect %u "
-                              "and %u", ext_ld32(buf + SH_OFF(count)),
-                              ext_ld32(buf + SH_OFF(entry_size)),
-                              sb->snap_count, EXTREE_SNAP_ENTRY_SIZE);
-    }
-    ids = g_hash_table_new(g_str_hash, g_str_equal);
-    for (uint32_t i = 0; !why && i < sb->snap_count; i++) {
-        ExtreeSnap sn;
-
-        why = snap_decode(t, buf + sizeof(ExtreeDiskSnapHeader) +
-                          (size_t)i * EXTREE_SNAP_ENTRY_SIZE, &sn);
-        if (!why) {
-            g_array_append_val(t->snaps, sn);
-            if (!g_hash_table_add(ids, g_array_index(t->snaps, ExtreeSnap,
-                                                     i).id)) {
-                why = g_strdup_printf("snapshot id '%s' used twice", sn.id);
-            }
-        }
-        if (why) {
-            char *w = g_strdup_printf("entry %u: %s", i, why);
-            g_free(why);
-            why = w;
-        }
-    }
-    g_hash_table_destroy(ids);
-    g_free(buf);
-    if (why) {
-        ret = extree_corrupt(t, sb->snap_table, "corrupt snapshot table at "
-                             "offset 0x%" PRIx64 ": %s", sb->snap_table, why);
-        g_free(why);
-        g_array_set_size(t->snaps, 0);
-        return ret;
-    }
-    t->snap_table = sb->snap_table;
-    t->snap_table_len = len;
-    return 0;
-}
-
-/*
- * The table changed in this transaction: its old copy is freed, the new
- * one gets new space (copy-on-write; written at commit)
- */
-int extree_snap_table_moved(Extree *t)
-{
-    uint64_t len = snap_table_bytes(t->snaps->len, t->block_size);
-    uint64_t host;
-    int ret;
-
-    if (t->snap_table) {
-        ret = t->sm.ops->dec_ref(t->sm.opaque, t->snap_table,
-                                 t->snap_table_len, false);
-        if (ret < 0) {
-            return ret;
-        }
-        t->snap_table = t->snap_table_len = 0;
-    }
-    t->snaps_dirty = true;
-    t->super_dirty = true;
-    if (!t->snaps->len) {
-        return 0;
-    }
-    ret = extree_alloc_contig(t, len, &host);
-    if (ret < 0) {
-        return ret;
-    }
-    t->snap_table = host;
-    t->snap_table_len = len;
-    return 0;
-}
-
 static void tree_init(ExtreeTree *tree, uint32_t owner, const ExtreeSuper *s)
 {
     tree->owner = owner;
@@ -756,110 +165,6 @@ static void tree_init(ExtreeTree *tree, uint32_t owner, const ExtreeSuper *s)
     tree->data_end = owner == EXTREE_TREE_EXTENT ?
                      EXTREE_ROUND_UP(s->virtual_size, s->block_size) :
                      UINT64_MAX;
-}
-
-/* What read_supers() found out about the slot it did not use */
-typedef struct ExtreeSkipped {
-    bool skipped;               /* the slot is invalid */
-    bool sum_ok;                /* ... but magic and checksum were right */
-    uint64_t raw_gen;           /* its generation field, as stored */
-    /*
-     * "corrupt superblock at offset 0x..: ..; slot skipped, ..." (g_malloc'd)
-     */
-    char *why;
-} ExtreeSkipped;
-
-/*
- * Read and decode both superblock slots; *@best is the valid one with the
- * highest generation, or -1 (then *@errmsg says why, and the return value
- * is the error).  @skip describes the other slot if it is invalid.
- */
-static int read_supers(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
-                       char **errmsg, ExtreeSkipped *skip)
-{
-    uint8_t *buf = g_malloc(2 * EXTREE_SB_SIZE);
-    char *why[2] = { NULL, NULL };
-    bool sum_ok[2] = { false, false };
-    uint64_t raw_gen[2] = { 0, 0 };
-    uint32_t ver[2] = { 0, 0 };
-    int rc[2], ret = 0;
-
-    memset(skip, 0, sizeof(*skip));
-    *best = -1;
-    /*
-     * Both slots with one request (one wait fewer at every open); slot by
-     * slot after an error, so that a bad sector costs only its own slot
-     */
-    rc[0] = rc[1] = be->ops->pread(be->opaque, 0, buf, 2 * EXTREE_SB_SIZE);
-    for (int i = 0; i < 2; i++) {
-        uint8_t *sbuf = buf + i * EXTREE_SB_SIZE;
-
-        if (rc[i] < 0) {
-            rc[i] = be->ops->pread(be->opaque, i * EXTREE_SB_SIZE, sbuf,
-                                   EXTREE_SB_SIZE);
-        }
-        if (rc[i] < 0) {
-            why[i] = g_strdup_printf("read error: %s", g_strerror(-rc[i]));
-        } else {
-            rc[i] = sb_decode(sbuf, &sb[i], &why[i], &sum_ok[i]);
-            raw_gen[i] = ext_ld64(sbuf + SB_OFF(generation));
-            ver[i] = ext_ld32(sbuf + SB_OFF(version));
-        }
-        if (rc[i] == 0 && (*best < 0 ||
-                           sb[i].generation > sb[*best].generation)) {
-            *best = i;
-        }
-    }
-    g_free(buf);
-    if (*best < 0 && rc[0] == -ENOTSUP && rc[1] == -ENOTSUP &&
-        ver[0] == ver[1]) {
-        /* Intact, but of another version: not damage */
-        *errmsg = g_strdup_printf("unsupported extree version %u (this "
-                                  "implementation reads version %u)",
-                                  ver[0], EXTREE_VERSION);
-        ret = -ENOTSUP;
-    } else if (*best < 0) {
-        /* Neither slot: report slot 0's problem first, it has the magic */
-        ret = rc[0];
-        if (rc[0] == -EINVAL && rc[1] != -EINVAL) {
-            ret = rc[1];
-        }
-        *errmsg = g_strdup_printf("corrupt superblock at offset 0x0: %s; "
-                                  "corrupt superblock at offset 0x1000: %s",
-                                  why[0], why[1]);
-    } else if (rc[!*best] < 0) {
-        int i = !*best;
-        skip->skipped = true;
-        skip->sum_ok = sum_ok[i];
-        skip->raw_gen = raw_gen[i];
-        if (sum_ok[i]) {
-            skip->why = g_strdup_printf("corrupt superblock at offset 0x%x: "
-                                        "%s; slot skipped (its generation "
-                                        "field is %" PRIu64 "), image opened"
-                                        " at generation %" PRIu64 " from "
-                                        "offset 0x%x", i * EXTREE_SB_SIZE,
-                                        why[i], raw_gen[i],
-                                        sb[*best].generation,
-                                        *best * EXTREE_SB_SIZE);
-        } else {
-            skip->why = g_strdup_printf("corrupt superblock at offset 0x%x: "
-                                        "%s; slot skipped, image opened at "
-                                        "generation %" PRIu64 " from offset "
-                                        "0x%x", i * EXTREE_SB_SIZE, why[i],
-                                        sb[*best].generation,
-                                        *best * EXTREE_SB_SIZE);
-        }
-    }
-    g_free(why[0]);
-    g_free(why[1]);
-    return ret;
-}
-
-static gint u64_cmp(gconstpointer a, gconstpointer b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-    return x < y ? -1 : x > y;
 }
 
 /*
@@ -877,7 +182,7 @@ static int check_root_counts(Extree *t)
         g_array_append_val(roots, g_array_index(t->snaps, ExtreeSnap, i).root);
     }
     g_array_append_val(roots, t->trees[EXTREE_TREE_EXTENT].root);
-    g_array_sort(roots, u64_cmp);
+    g_array_sort(roots, extree_u64_cmp);
     for (unsigned i = 0, k; i <= n && ret == 0; i = k) {
         uint64_t root = g_array_index(roots, uint64_t, i);
         uint32_t have = 0;
@@ -974,7 +279,7 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     if (!o) {
         o = &defaults;
     }
-    ret = read_supers(be, sb, &best, errmsg, &skip);
+    ret = extree_sb_read(be, sb, &best, errmsg, &skip);
     if (best < 0) {
         return ret;
     }
@@ -1089,7 +394,7 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
         }
     }
     if (ret == 0) {
-        ret = snap_table_load(t, &sb[best]);
+        ret = extree_snap_table_load(t, &sb[best]);
     }
     if (ret == 0) {
         ret = check_snap_gen(t, o);
@@ -1246,8 +551,8 @@ int extree_commit(Extree *t)
      *    check it: if it is invalid (a count gone out of range because
      *    the one read was wrong), nothing is written and G stays.
      */
-    super_from_tree(t, &s);
-    ret = check_super(t, &s);
+    extree_sb_from_tree(t, &s);
+    ret = extree_sb_check(t, &s);
     if (ret < 0) {
         t->broken = true;
         goto fail;
@@ -1255,7 +560,7 @@ int extree_commit(Extree *t)
     ret = extree_node_write_dirty(t);
     if (ret == 0 && t->snaps_dirty && t->snap_table) {
         uint64_t len;
-        uint8_t *buf = snap_table_encode(t, &len);
+        uint8_t *buf = extree_snap_table_encode(t, &len);
 
         ret = t->be->ops->pwrite(t->be->opaque, t->snap_table, buf, len);
         g_free(buf);
@@ -1274,7 +579,7 @@ int extree_commit(Extree *t)
     }
 
     /* 5. Superblock G + 1 into slot (G + 1) % 2; slot G % 2 keeps G */
-    ret = write_super_t(t, &s);
+    ret = extree_sb_write_t(t, &s);
     if (ret < 0) {
         goto fail;
     }
@@ -1337,74 +642,6 @@ const char *extree_open_warning(const Extree *t)
 uint64_t extree_sb_free_bytes(const Extree *t)
 {
     return t->csb->free_bytes;
-}
-
-int extree_mark_corrupt(Extree *t)
-{
-    ExtreeSuper s = *t->csb;
-    int ret;
-
-    t->incompat |= EXTREE_INCOMPAT_CORRUPT;
-    t->broken = true;
-    if (t->read_only) {
-        return 0;
-    }
-    s.generation = t->generation + 1;
-    s.incompat |= EXTREE_INCOMPAT_CORRUPT;
-    s.autoclear &= EXTREE_AUTOCLEAR_MASK;
-    ret = write_super_t(t, &s);
-    if (ret == 0) {
-        ret = t->be->ops->flush(t->be->opaque);
-    }
-    if (ret == 0) {
-        *t->csb = s;
-        t->generation = s.generation;
-        t->trans_gen = s.generation + 1;
-    }
-    return ret;
-}
-
-/*
- * Without a handle: the newest valid superblock again, one generation
- * later, with the corrupt bit.  Reads nothing but the two slots, so it works
- * whatever else is damaged.
- */
-int extree_mark_corrupt_image(ExtreeBackend *be)
-{
-    ExtreeSuper sb[2];
-    ExtreeSkipped skip;
-    char *msg = NULL;
-    int best, ret;
-
-    ret = read_supers(be, sb, &best, &msg, &skip);
-    g_free(msg);
-    g_free(skip.why);
-    if (best < 0) {
-        return ret;
-    }
-    if (sb[best].incompat & ~EXTREE_INCOMPAT_MASK) {
-        return -ENOTSUP;
-    }
-    /*
-     * The slot written next holds a newer superblock with a bad field:
-     * the only copy of the newest state, perhaps repairable by hand
-     */
-    if (skip.skipped && skip.sum_ok &&
-        skip.raw_gen > sb[best].generation) {
-        return -EEXIST;
-    }
-    if (sb[best].incompat & EXTREE_INCOMPAT_CORRUPT) {
-        return 0;
-    }
-    sb[best].generation++;
-    sb[best].incompat |= EXTREE_INCOMPAT_CORRUPT;
-    sb[best].autoclear &= EXTREE_AUTOCLEAR_MASK;
-    ret = write_super(be, &sb[best], &msg);
-    g_free(msg);
-    if (ret == 0) {
-        ret = be->ops->flush(be->opaque);
-    }
-    return ret;
 }
 
 int extree_clear_corrupt(Extree *t)

@@ -463,6 +463,8 @@ typedef struct ExtreeSnapshotInfo {
 } ExtreeSnapshotInfo;
 
 unsigned extree_snapshot_count(const Extree *t);
+/* Host bytes of the snapshot table with @count entries (spec) */
+uint64_t extree_snapshot_table_bytes(const Extree *t, unsigned count);
 /* Entry @index (0 = oldest) */
 int extree_snapshot_get(const Extree *t, unsigned index,
                         ExtreeSnapshotInfo *info);

@@ -23,6 +23,7 @@ LAYERS = [
     ('extree-alloc', 'extree-btree'),
     ('extree-freetree', 'extree-reftree'),
     'extree-extent',
+    ('extree-super', 'extree-snaptab'),
     'extree-txn',
     'extree-snap',
     'extree-check',
