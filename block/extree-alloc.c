@@ -74,12 +74,6 @@
 #define EXT_META_HEADROOM_NODES 64
 /* Commit cuts free space at the end of the file from this size on */
 #define EXT_SHRINK_MIN          (1024 * 1024)
-/*
- * Freed node space is discarded in runs of at least this size (and one
- * node): single nodes are recycled within a commit or two, and a discard
- * would only leave a hole for the host to fill again
- */
-#define EXT_DISCARD_NODES_MIN   (256 * 1024)
 
 /* ---- the allocator ---- */
 
@@ -762,30 +756,6 @@ void extree_alloc_deferred(Extree *t, GArray *discard)
 }
 
 /*
- * Open: a range of the free-space tree is allocatable.  The tree does not
- * say what used it; a range of one node up to EXT_DISCARD_NODES_MIN is
- * treated as freed node space (nfree), as it mostly is: holes between live
- * nodes.  Data placed first fit into such holes would be freed again in as
- * many small pieces, each its own discard.  A range shorter than a node
- * was data (the old copy of a block a write after a snapshot copied, say)
- * and only data can use it again: in nfree, which data takes last, it
- * would stay free for good, and the free-space tree, which every
- * read-write open loads, would only grow.
- */
-static ExtreeRangeSet *loaded_set(Extree *t, uint64_t len)
-{
-    bool node_space = len >= t->node_size && len < EXT_DISCARD_NODES_MIN;
-
-    return node_space ? &t->nfree : &t->avail;
-}
-
-void extree_alloc_add_loaded(Extree *t, uint64_t start, uint64_t len)
-{
-    /* in order: node validation keeps a tree's items sorted, disjoint */
-    extree_rs_append(loaded_set(t, len), start, len);
-}
-
-/*
  * Open: the free space is known (all of it added, or the part
  * extree_alloc_set_partial() says), or not (dropped)
  */
@@ -817,128 +787,6 @@ void extree_alloc_set_partial(Extree *t, uint64_t free_lo, uint64_t free_hi,
     t->free_hi = free_hi;
     t->unloaded_bytes = t->alloc_partial ? unloaded : 0;
     extree_rs_clear(&t->touched);
-}
-
-/*
- * Loading the rest rebuilds avail and nfree in one ordered pass, as open
- * builds them (extree_rs_append(), no search per range): their ranges move to
- * the old sets here and come back in key order, interleaved with the
- * tree's (extree_alloc_add_unloaded()), until extree_alloc_rest_end().
- */
-void extree_alloc_rest_begin(Extree *t)
-{
-    t->rest_avail = t->avail;
-    t->rest_nfree = t->nfree;
-    memset(&t->avail, 0, sizeof(t->avail));
-    memset(&t->nfree, 0, sizeof(t->nfree));
-}
-
-/* The old sets' ranges that start before @pos back into the sets */
-static void rest_flush(Extree *t, uint64_t pos)
-{
-    for (;;) {
-        ExtreeRange *a = extree_rs_from(&t->rest_avail, t->rest_done);
-        ExtreeRange *n = extree_rs_from(&t->rest_nfree, t->rest_done);
-        ExtreeRange *r = a && (!n || a->start < n->start) ? a : n;
-
-        if (!r || r->start >= pos) {
-            return;
-        }
-        extree_rs_append(r == a ? &t->avail : &t->nfree, r->start, r->len);
-        t->rest_done = r->start + r->len;
-    }
-}
-
-/*
- * A free range of the tree's unread part, [start, start + len), as the
- * tree says it now: its part in [free_lo, free_hi) not touched since the
- * open is free space the sets did not hold, and joins them.  @in_order:
- * while the rest loads (extree_alloc_rest_begin()), in key order.
- * Untouched space in use, shared or already in the sets, or more of it
- * than the superblock counted, is corruption: -EINVAL.
- */
-static int add_unread(Extree *t, uint64_t start, uint64_t len, bool in_order)
-{
-    uint64_t pos = MAX(start, t->free_lo), end = MIN(start + len, t->free_hi);
-
-    while (pos < end) {
-        ExtreeRange *r = extree_rs_from(&t->touched, pos);
-        ExtreeRefRange ref;
-        uint64_t e;
-        bool bad;
-
-        if (r && r->start <= pos) {
-            pos = r->start + r->len;
-            continue;
-        }
-        e = r ? MIN(r->start, end) : end;
-        if (in_order) {
-            /* avail and nfree hold nothing past the last piece yet */
-            bad = extree_rs_overlaps(&t->rest_avail, pos, e - pos) ||
-                  extree_rs_overlaps(&t->rest_nfree, pos, e - pos) ||
-                  extree_rs_overlaps(&t->pending, pos, e - pos) ||
-                  (pos < t->resv_end && t->resv_start < e);
-        } else {
-            bad = extree_alloc_is_free(t, pos, e - pos);
-        }
-        if (bad || e - pos > t->unloaded_bytes ||
-            (t->refs && extree_refs_next(t, pos, e, &ref))) {
-            return -EINVAL;
-        }
-        if (in_order) {
-            rest_flush(t, pos);
-            extree_rs_append(loaded_set(t, e - pos), pos, e - pos);
-        } else {
-            extree_rs_add(loaded_set(t, e - pos), pos, e - pos);
-        }
-        t->unloaded_bytes -= e - pos;
-        pos = e;
-    }
-    return 0;
-}
-
-/* Loading the rest: the next free range of the tree, in key order */
-int extree_alloc_add_unloaded(Extree *t, uint64_t start, uint64_t len)
-{
-    return add_unread(t, start, len, true);
-}
-
-/*
- * One leaf of the unread part, read out of turn (extree_freetree_load_fit()):
- * its free ranges join the sets, and memory knows all free space of
- * [@first, @end) from now on, where no other leaf has any
- */
-int extree_alloc_add_leaf(Extree *t, const ExtreeItem *items, int nr)
-{
-    uint64_t first, end;
-
-    if (!nr) {
-        return 0;
-    }
-    for (int i = 0; i < nr; i++) {
-        int ret = add_unread(t, items[i].key, items[i].length, false);
-
-        if (ret < 0) {
-            return ret;
-        }
-    }
-    first = MAX(items[0].key, t->free_lo);
-    end = MIN(items[nr - 1].key + items[nr - 1].length, t->free_hi);
-    if (first < end) {
-        extree_rs_union(&t->touched, first, end - first);
-    }
-    return 0;
-}
-
-/* The rest is in: the old sets' remaining ranges follow */
-void extree_alloc_rest_end(Extree *t)
-{
-    rest_flush(t, UINT64_MAX);
-    extree_rs_append_done(&t->avail);
-    extree_rs_append_done(&t->nfree);
-    extree_rs_clear(&t->rest_avail);
-    extree_rs_clear(&t->rest_nfree);
-    t->rest_done = 0;
 }
 
 /*

@@ -13,6 +13,159 @@
 
 #include "extree-int.h"
 
+/*
+ * Loading into the allocator's sets (extree-alloc.c).  A partial load
+ * (extree_freetree_load()) adds the free space of [data_start, free_lo)
+ * and of [free_hi, ...); the rest comes later, merged in one ordered pass
+ * (extree_freetree_load_rest()).
+ */
+
+/*
+ * Open: a range of the free-space tree is allocatable.  The tree does not
+ * say what used it; a range of one node up to EXT_DISCARD_NODES_MIN is
+ * treated as freed node space (nfree), as it mostly is: holes between live
+ * nodes.  Data placed first fit into such holes would be freed again in as
+ * many small pieces, each its own discard.  A range shorter than a node
+ * was data (the old copy of a block a write after a snapshot copied, say)
+ * and only data can use it again: in nfree, which data takes last, it
+ * would stay free for good, and the free-space tree, which every
+ * read-write open loads, would only grow.
+ */
+static ExtreeRangeSet *loaded_set(Extree *t, uint64_t len)
+{
+    bool node_space = len >= t->node_size && len < EXT_DISCARD_NODES_MIN;
+
+    return node_space ? &t->nfree : &t->avail;
+}
+
+static void add_loaded(Extree *t, uint64_t start, uint64_t len)
+{
+    /* in order: node validation keeps a tree's items sorted, disjoint */
+    extree_rs_append(loaded_set(t, len), start, len);
+}
+
+/*
+ * Loading the rest rebuilds avail and nfree in one ordered pass, as open
+ * builds them (extree_rs_append(), no search per range): their ranges move to
+ * the old sets here and come back in key order, interleaved with the
+ * tree's (add_unloaded()), until rest_end().
+ */
+static void rest_begin(Extree *t)
+{
+    t->rest_avail = t->avail;
+    t->rest_nfree = t->nfree;
+    memset(&t->avail, 0, sizeof(t->avail));
+    memset(&t->nfree, 0, sizeof(t->nfree));
+}
+
+/* The old sets' ranges that start before @pos back into the sets */
+static void rest_flush(Extree *t, uint64_t pos)
+{
+    for (;;) {
+        ExtreeRange *a = extree_rs_from(&t->rest_avail, t->rest_done);
+        ExtreeRange *n = extree_rs_from(&t->rest_nfree, t->rest_done);
+        ExtreeRange *r = a && (!n || a->start < n->start) ? a : n;
+
+        if (!r || r->start >= pos) {
+            return;
+        }
+        extree_rs_append(r == a ? &t->avail : &t->nfree, r->start, r->len);
+        t->rest_done = r->start + r->len;
+    }
+}
+
+/*
+ * A free range of the tree's unread part, [start, start + len), as the
+ * tree says it now: its part in [free_lo, free_hi) not touched since the
+ * open is free space the sets did not hold, and joins them.  @in_order:
+ * while the rest loads (rest_begin()), in key order.
+ * Untouched space in use, shared or already in the sets, or more of it
+ * than the superblock counted, is corruption: -EINVAL.
+ */
+static int add_unread(Extree *t, uint64_t start, uint64_t len, bool in_order)
+{
+    uint64_t pos = MAX(start, t->free_lo), end = MIN(start + len, t->free_hi);
+
+    while (pos < end) {
+        ExtreeRange *r = extree_rs_from(&t->touched, pos);
+        ExtreeRefRange ref;
+        uint64_t e;
+        bool bad;
+
+        if (r && r->start <= pos) {
+            pos = r->start + r->len;
+            continue;
+        }
+        e = r ? MIN(r->start, end) : end;
+        if (in_order) {
+            /* avail and nfree hold nothing past the last piece yet */
+            bad = extree_rs_overlaps(&t->rest_avail, pos, e - pos) ||
+                  extree_rs_overlaps(&t->rest_nfree, pos, e - pos) ||
+                  extree_rs_overlaps(&t->pending, pos, e - pos) ||
+                  (pos < t->resv_end && t->resv_start < e);
+        } else {
+            bad = extree_alloc_is_free(t, pos, e - pos);
+        }
+        if (bad || e - pos > t->unloaded_bytes ||
+            (t->refs && extree_refs_next(t, pos, e, &ref))) {
+            return -EINVAL;
+        }
+        if (in_order) {
+            rest_flush(t, pos);
+            extree_rs_append(loaded_set(t, e - pos), pos, e - pos);
+        } else {
+            extree_rs_add(loaded_set(t, e - pos), pos, e - pos);
+        }
+        t->unloaded_bytes -= e - pos;
+        pos = e;
+    }
+    return 0;
+}
+
+/* Loading the rest: the next free range of the tree, in key order */
+static int add_unloaded(Extree *t, uint64_t start, uint64_t len)
+{
+    return add_unread(t, start, len, true);
+}
+
+/*
+ * One leaf of the unread part, read out of turn (extree_freetree_load_fit()):
+ * its free ranges join the sets, and memory knows all free space of
+ * [@first, @end) from now on, where no other leaf has any
+ */
+static int add_leaf(Extree *t, const ExtreeItem *items, int nr)
+{
+    uint64_t first, end;
+
+    if (!nr) {
+        return 0;
+    }
+    for (int i = 0; i < nr; i++) {
+        int ret = add_unread(t, items[i].key, items[i].length, false);
+
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    first = MAX(items[0].key, t->free_lo);
+    end = MIN(items[nr - 1].key + items[nr - 1].length, t->free_hi);
+    if (first < end) {
+        extree_rs_union(&t->touched, first, end - first);
+    }
+    return 0;
+}
+
+/* The rest is in: the old sets' remaining ranges follow */
+static void rest_end(Extree *t)
+{
+    rest_flush(t, UINT64_MAX);
+    extree_rs_append_done(&t->avail);
+    extree_rs_append_done(&t->nfree);
+    extree_rs_clear(&t->rest_avail);
+    extree_rs_clear(&t->rest_nfree);
+    t->rest_done = 0;
+}
+
 static int bad_free_bytes(Extree *t, uint64_t have, uint64_t expect)
 {
     uint64_t off = (t->generation % 2) * EXTREE_SB_SIZE;
@@ -43,7 +196,7 @@ static int load_leaf(Extree *t, bool last, uint64_t *bound, uint64_t *total)
             ExtreeItem it;
 
             leaf_get(n, i, &it);
-            extree_alloc_add_loaded(t, it.key, it.length);
+            add_loaded(t, it.key, it.length);
             *total += it.length;
             if (last ? i == 0 : i + 1 == nr) {
                 *bound = last ? it.key : it.key + it.length;
@@ -121,7 +274,7 @@ int extree_freetree_load(Extree *t, uint64_t expect_bytes, bool whole)
     for (ret = extree_bt_first(t, ft, 0, &p, &it); ret == 0;
          p.readahead = EXTREE_READAHEAD_MAX,
          ret = extree_bt_next(t, ft, &p, &it)) {
-        extree_alloc_add_loaded(t, it.key, it.length);
+        add_loaded(t, it.key, it.length);
         count++;
         total += it.length;
     }
@@ -160,12 +313,12 @@ int extree_freetree_load_rest(Extree *t)
         return t->alloc_loaded ? 0 : -EIO;
     }
     have = t->unloaded_bytes;
-    extree_alloc_rest_begin(t);
+    rest_begin(t);
     for (ret = extree_bt_first(t, ft, 0, &p, &it);
          ret == 0 && it.key < t->free_hi;
          p.readahead = EXTREE_READAHEAD_MAX,
          ret = extree_bt_next(t, ft, &p, &it)) {
-        if (extree_alloc_add_unloaded(t, it.key, it.length) < 0) {
+        if (add_unloaded(t, it.key, it.length) < 0) {
             ret = extree_corrupt(t, p.nodes[0]->bytenr, "corrupt free tree "
                                  "node at offset 0x%" PRIx64 ": free range "
                                  "[0x%" PRIx64 ", +0x%" PRIx64 ") is in use"
@@ -175,7 +328,7 @@ int extree_freetree_load_rest(Extree *t)
         }
     }
     extree_path_release(t, &p);
-    extree_alloc_rest_end(t);
+    rest_end(t);
     if (ret >= 0 && t->unloaded_bytes) {
         ret = bad_free_bytes(t, have, have - t->unloaded_bytes);
     }
@@ -197,7 +350,7 @@ static int load_fit_leaf(Extree *t, ExtreeNode *leaf, void *opaque)
     for (uint32_t i = 0; i < nr; i++) {
         leaf_get(leaf, i, &items[i]);
     }
-    ret = extree_alloc_add_leaf(t, items, nr);
+    ret = add_leaf(t, items, nr);
     g_free(items);
     if (ret < 0) {
         return extree_corrupt(t, leaf->bytenr, "corrupt free tree node at "

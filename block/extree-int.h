@@ -388,6 +388,14 @@ typedef struct ExtreeRangeSet {
     uint32_t slab_used, slab_len;
 } ExtreeRangeSet;
 
+/*
+ * Freed node space is discarded in runs of at least this size (and one
+ * node): single nodes are recycled within a commit or two, and a discard
+ * would only leave a hole for the host to fill again.  Free ranges of one
+ * node up to this size load as node space.
+ */
+#define EXT_DISCARD_NODES_MIN   (256 * 1024)
+
 /* extree-rangeset.c */
 void extree_rs_add(ExtreeRangeSet *s, uint64_t start, uint64_t len);
 ExtreeRange *extree_rs_after(const ExtreeRangeSet *s, uint64_t off);
@@ -751,18 +759,13 @@ uint64_t extree_alloc_take_at(Extree *t, uint64_t hint, uint64_t bytes);
 bool extree_alloc_take_before(Extree *t, uint64_t end, uint64_t bytes);
 int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
                           uint64_t *got);
-void extree_alloc_add_loaded(Extree *t, uint64_t start, uint64_t len);
 void extree_alloc_set_loaded(Extree *t, bool loaded);
 void extree_alloc_set_partial(Extree *t, uint64_t free_lo, uint64_t free_hi,
                               uint64_t unloaded);
-void extree_alloc_rest_begin(Extree *t);
-int extree_alloc_add_unloaded(Extree *t, uint64_t start, uint64_t len);
-int extree_alloc_add_leaf(Extree *t, const ExtreeItem *items, int nr);
 uint64_t extree_alloc_nodes_need(const Extree *t, uint64_t contig);
 bool extree_alloc_fits(const Extree *t, uint64_t len);
 uint64_t extree_alloc_nodes_estimate(const Extree *t);
 bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig);
-void extree_alloc_rest_end(Extree *t);
 GArray *extree_alloc_steal_log(Extree *t);
 bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
                             uint64_t *fs, uint64_t *fe);
