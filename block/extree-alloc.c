@@ -21,8 +21,8 @@
  * All four are free in the state the next commit writes.  Every change is
  * also logged as a host range; commit rewrites the logged ranges of the
  * free-space tree from the four sets (extree_freetree_sync()).  After a
- * partial load (t->alloc_partial, extree-freetree.c) the sets hold only
- * part of the free space, and the rest is counted in t->unloaded_bytes.
+ * partial load (t->space.alloc_partial, extree-freetree.c) the sets hold only
+ * part of the free space, and the rest is counted in t->space.unloaded_bytes.
  *
  * avail, nfree and pending are range sets: treaps keyed by start whose
  * nodes also
@@ -79,56 +79,56 @@
 
 void extree_alloc_init(Extree *t)
 {
-    t->oplog = g_array_new(false, false, sizeof(ExtreeAllocOp));
-    t->freed_data = g_array_new(false, false, sizeof(ExtreeAllocOp));
-    t->freed_nodes = g_array_new(false, false, sizeof(ExtreeAllocOp));
-    t->discard_later = g_array_new(false, false, sizeof(ExtreeAllocOp));
+    t->space.oplog = g_array_new(false, false, sizeof(ExtreeAllocOp));
+    t->space.freed_data = g_array_new(false, false, sizeof(ExtreeAllocOp));
+    t->space.freed_nodes = g_array_new(false, false, sizeof(ExtreeAllocOp));
+    t->space.discard_later = g_array_new(false, false, sizeof(ExtreeAllocOp));
 }
 
 void extree_alloc_destroy(Extree *t)
 {
-    extree_rs_clear(&t->avail);
-    extree_rs_clear(&t->nfree);
-    extree_rs_clear(&t->pending);
-    extree_rs_clear(&t->touched);
-    extree_rs_clear(&t->rest_avail);
-    extree_rs_clear(&t->rest_nfree);
-    if (t->oplog) {
-        g_array_free(t->oplog, true);
-        g_array_free(t->freed_data, true);
-        g_array_free(t->freed_nodes, true);
-        g_array_free(t->discard_later, true);
-        t->oplog = NULL;
+    extree_rs_clear(&t->space.avail);
+    extree_rs_clear(&t->space.nfree);
+    extree_rs_clear(&t->space.pending);
+    extree_rs_clear(&t->space.touched);
+    extree_rs_clear(&t->space.rest_avail);
+    extree_rs_clear(&t->space.rest_nfree);
+    if (t->space.oplog) {
+        g_array_free(t->space.oplog, true);
+        g_array_free(t->space.freed_data, true);
+        g_array_free(t->space.freed_nodes, true);
+        g_array_free(t->space.discard_later, true);
+        t->space.oplog = NULL;
     }
 }
 
 static uint64_t resv_bytes(const Extree *t)
 {
-    return t->resv_end - t->resv_start;
+    return t->space.resv_end - t->space.resv_start;
 }
 
 uint64_t extree_alloc_free_bytes(const Extree *t)
 {
-    return t->avail.bytes + t->nfree.bytes + t->pending.bytes +
-           resv_bytes(t) + t->unloaded_bytes;
+    return t->space.avail.bytes + t->space.nfree.bytes + t->space.pending.bytes +
+           resv_bytes(t) + t->space.unloaded_bytes;
 }
 
 static void log_op(Extree *t, uint64_t start, uint64_t len, bool is_free)
 {
-    if (t->alloc_partial && start < t->free_hi && start + len > t->free_lo) {
-        uint64_t s = MAX(start, t->free_lo);
+    if (t->space.alloc_partial && start < t->space.free_hi && start + len > t->space.free_lo) {
+        uint64_t s = MAX(start, t->space.free_lo);
 
-        extree_rs_union(&t->touched, s, MIN(start + len, t->free_hi) - s);
+        extree_rs_union(&t->space.touched, s, MIN(start + len, t->space.free_hi) - s);
     }
-    if (t->oplog->len) {
-        ExtreeAllocOp *last = &g_array_index(t->oplog, ExtreeAllocOp,
-                                             t->oplog->len - 1);
+    if (t->space.oplog->len) {
+        ExtreeAllocOp *last = &g_array_index(t->space.oplog, ExtreeAllocOp,
+                                             t->space.oplog->len - 1);
         if (last->is_free == is_free && last->start + last->len == start) {
             last->len += len;
             return;
         }
     }
-    g_array_append_val(t->oplog, ((ExtreeAllocOp){ start, len, is_free }));
+    g_array_append_val(t->space.oplog, ((ExtreeAllocOp){ start, len, is_free }));
 }
 
 /* Take [start, start + len) out of @set (avail or nfree) */
@@ -145,11 +145,11 @@ static void take(Extree *t, ExtreeRangeSet *set, uint64_t start,
  */
 static uint64_t grow_room(Extree *t, bool data)
 {
-    uint64_t limit = t->host_limit ? MIN(t->host_limit, (uint64_t)INT64_MAX)
+    uint64_t limit = t->space.host_limit ? MIN(t->space.host_limit, (uint64_t)INT64_MAX)
                                    : (uint64_t)INT64_MAX;
     uint64_t room = limit > t->host_end ? limit - t->host_end : 0;
 
-    if (data && t->host_limit) {
+    if (data && t->space.host_limit) {
         uint64_t head = (uint64_t)EXT_META_HEADROOM_NODES * t->node_size;
         room = room > head ? room - head : 0;
     }
@@ -202,7 +202,7 @@ uint64_t extree_alloc_nodes_need(const Extree *t, uint64_t contig)
  */
 uint64_t extree_alloc_nodes_estimate(const Extree *t)
 {
-    uint64_t logged = t->oplog->len + (t->reflog ? t->reflog->len : 0);
+    uint64_t logged = t->space.oplog->len + (t->space.reflog ? t->space.reflog->len : 0);
     uint64_t levels = MAX(t->trees[EXTREE_TREE_FREE].level,
                           t->trees[EXTREE_TREE_REFS].level) + 2;
 
@@ -218,7 +218,7 @@ uint64_t extree_alloc_nodes_estimate(const Extree *t)
  */
 bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig)
 {
-    const ExtreeRangeSet *sets[2] = { &t->avail, &t->nfree };
+    const ExtreeRangeSet *sets[2] = { &t->space.avail, &t->space.nfree };
     uint64_t ns = t->node_size;
     uint64_t slack = ns > t->block_size ? ns - t->block_size : 0;
     uint64_t room = resv_bytes(t);
@@ -237,7 +237,7 @@ bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig)
 /* Do the sets hold a free range of @len bytes or more? */
 bool extree_alloc_fits(const Extree *t, uint64_t len)
 {
-    return MAX(extree_rs_longest(&t->avail), extree_rs_longest(&t->nfree)) >= len;
+    return MAX(extree_rs_longest(&t->space.avail), extree_rs_longest(&t->space.nfree)) >= len;
 }
 
 /*
@@ -262,10 +262,10 @@ static int grow(Extree *t, uint64_t len, uint64_t *start)
 static void reserve_release(Extree *t)
 {
     if (resv_bytes(t)) {
-        extree_rs_add(t->resv_nfree ? &t->nfree : &t->avail, t->resv_start,
+        extree_rs_add(t->space.resv_nfree ? &t->space.nfree : &t->space.avail, t->space.resv_start,
                resv_bytes(t));
     }
-    t->resv_start = t->resv_end = 0;
+    t->space.resv_start = t->space.resv_end = 0;
 }
 
 /*
@@ -283,7 +283,7 @@ static int reserve_refill(Extree *t, bool may_grow)
 {
     uint64_t ns = t->node_size;
     uint64_t want = reserve_grow_size(t);
-    ExtreeRangeSet *set = &t->nfree;
+    ExtreeRangeSet *set = &t->space.nfree;
     ExtreeRange *r;
     uint64_t start;
     int ret;
@@ -291,16 +291,16 @@ static int reserve_refill(Extree *t, bool may_grow)
     reserve_release(t);
     r = extree_rs_first_fit(set, EXT_RESERVE_NFREE_MIN * ns);
     if (!r) {
-        set = &t->avail;
+        set = &t->space.avail;
         r = extree_rs_first_fit(set, EXT_RESERVE_MIN * ns);
     }
     if (r) {
         uint64_t len = MIN(want, r->len / ns * ns);
         start = r->start;
         extree_rs_remove(set, start, len);
-        t->resv_start = start;
-        t->resv_end = start + len;
-        t->resv_nfree = set == &t->nfree;
+        t->space.resv_start = start;
+        t->space.resv_end = start + len;
+        t->space.resv_nfree = set == &t->space.nfree;
         return 0;
     }
     /*
@@ -317,9 +317,9 @@ static int reserve_refill(Extree *t, bool may_grow)
     }
     /* new free space: the free tree must learn about it */
     log_op(t, start, want, true);
-    t->resv_start = start;
-    t->resv_end = start + want;
-    t->resv_nfree = false;
+    t->space.resv_start = start;
+    t->space.resv_end = start + want;
+    t->space.resv_nfree = false;
     return 0;
 }
 
@@ -333,14 +333,14 @@ int extree_alloc_meta(Extree *t, uint64_t *out)
     ExtreeRange *r;
     int ret;
 
-    if (!t->alloc_loaded) {
+    if (!t->space.alloc_loaded) {
         return -EIO;
     }
     if (resv_bytes(t) < t->node_size && reserve_refill(t, false) < 0) {
-        ExtreeRangeSet *set = &t->nfree;
+        ExtreeRangeSet *set = &t->space.nfree;
         r = extree_rs_first_fit(set, t->node_size);
         if (!r) {
-            set = &t->avail;
+            set = &t->space.avail;
             r = extree_rs_first_fit(set, t->node_size);
         }
         if (r) {
@@ -353,18 +353,18 @@ int extree_alloc_meta(Extree *t, uint64_t *out)
             return ret;
         }
     }
-    *out = t->resv_start;
-    t->resv_start += t->node_size;
+    *out = t->space.resv_start;
+    t->space.resv_start += t->node_size;
     log_op(t, *out, t->node_size, false);
     return 0;
 }
 
 bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len)
 {
-    return extree_rs_overlaps(&t->avail, start, len) ||
-           extree_rs_overlaps(&t->nfree, start, len) ||
-           extree_rs_overlaps(&t->pending, start, len) ||
-           (start < t->resv_end && t->resv_start < start + len);
+    return extree_rs_overlaps(&t->space.avail, start, len) ||
+           extree_rs_overlaps(&t->space.nfree, start, len) ||
+           extree_rs_overlaps(&t->space.pending, start, len) ||
+           (start < t->space.resv_end && t->space.resv_start < start + len);
 }
 
 /* Remember a freed range for discard; adjacent frees merge */
@@ -386,7 +386,7 @@ static void note_freed(GArray *list, uint64_t start, uint64_t len)
  * Freeing space that is already free means two owners claimed it: a
  * corrupt image (or a caller bug) - refuse instead of double-counting.
  */
-static int free_range(Extree *t, uint64_t start, uint64_t len, bool node)
+int extree_alloc_free(Extree *t, uint64_t start, uint64_t len, bool node)
 {
     if (!len) {
         return 0;
@@ -398,9 +398,9 @@ static int free_range(Extree *t, uint64_t start, uint64_t len, bool node)
                               " freed twice or outside the data area",
                               node ? "tree" : "extent tree", start, len);
     }
-    extree_rs_add(&t->pending, start, len);
+    extree_rs_add(&t->space.pending, start, len);
     log_op(t, start, len, true);
-    note_freed(node ? t->freed_nodes : t->freed_data, start, len);
+    note_freed(node ? t->space.freed_nodes : t->space.freed_data, start, len);
     return 0;
 }
 
@@ -414,16 +414,16 @@ int extree_alloc_add_free(Extree *t, uint64_t start, uint64_t len)
         len > t->host_end - start || extree_alloc_is_free(t, start, len)) {
         return -EINVAL;
     }
-    extree_rs_add(&t->pending, start, len);
+    extree_rs_add(&t->space.pending, start, len);
     log_op(t, start, len, true);
-    note_freed(t->freed_data, start, len);
+    note_freed(t->space.freed_data, start, len);
     return 0;
 }
 
 /* The range of avail or nfree that contains @off, and its set */
 static ExtreeRange *free_at(Extree *t, uint64_t off, ExtreeRangeSet **set)
 {
-    ExtreeRangeSet *sets[2] = { &t->avail, &t->nfree };
+    ExtreeRangeSet *sets[2] = { &t->space.avail, &t->space.nfree };
 
     for (int i = 0; i < 2; i++) {
         ExtreeRange *r = extree_rs_floor(sets[i], off);
@@ -484,19 +484,19 @@ int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
     ExtreeRange *r;
     int ret;
 
-    set = &t->avail;
+    set = &t->space.avail;
     r = extree_rs_first_fit(set, bytes);
-    if (!r && t->avail.bytes + t->nfree.bytes >=
+    if (!r && t->space.avail.bytes + t->space.nfree.bytes >=
               (t->host_end - t->data_start) / EXT_SCARCE_DIV) {
         /*
          * Plentiful but not in avail, or fragmented: node space, then part
          * of the request from the longest range, instead of growing
          */
-        set = &t->nfree;
+        set = &t->space.nfree;
         r = extree_rs_first_fit(set, bytes);
         if (!r) {
-            set = extree_rs_longest(&t->avail) >= extree_rs_longest(&t->nfree) ?
-                  &t->avail : &t->nfree;
+            set = extree_rs_longest(&t->space.avail) >= extree_rs_longest(&t->space.nfree) ?
+                  &t->space.avail : &t->space.nfree;
             r = extree_rs_first_fit(set, extree_rs_longest(set));
         }
     }
@@ -535,15 +535,15 @@ int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
  */
 bool extree_alloc_trim_tail(Extree *t)
 {
-    ExtreeRangeSet *set = &t->avail;
+    ExtreeRangeSet *set = &t->space.avail;
     ExtreeRange *r = extree_rs_last(set);
     uint64_t start;
 
     if (!r || r->start + r->len != t->host_end) {
-        set = &t->nfree;
+        set = &t->space.nfree;
         r = extree_rs_last(set);
     }
-    if (!t->alloc_loaded || !r || r->start + r->len != t->host_end ||
+    if (!t->space.alloc_loaded || !r || r->start + r->len != t->host_end ||
         r->len < EXT_SHRINK_MIN) {
         return false;
     }
@@ -568,7 +568,7 @@ static gint op_cmp(gconstpointer a, gconstpointer b)
 bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
                             uint64_t *fs, uint64_t *fe)
 {
-    ExtreeRangeSet *sets[3] = { &t->avail, &t->nfree, &t->pending };
+    ExtreeRangeSet *sets[3] = { &t->space.avail, &t->space.nfree, &t->space.pending };
     uint64_t s = UINT64_MAX, e = 0;
 
     for (int i = 0; i < 3; i++) {
@@ -578,9 +578,9 @@ bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
             e = r->start + r->len;
         }
     }
-    if (resv_bytes(t) && t->resv_end > pos && t->resv_start < s) {
-        s = t->resv_start;
-        e = t->resv_end;
+    if (resv_bytes(t) && t->space.resv_end > pos && t->space.resv_start < s) {
+        s = t->space.resv_start;
+        e = t->space.resv_end;
     }
     if (s >= end) {
         return false;
@@ -594,8 +594,8 @@ bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
                 e += n->len;
             }
         }
-        if (resv_bytes(t) && t->resv_start == e) {
-            e = t->resv_end;
+        if (resv_bytes(t) && t->space.resv_start == e) {
+            e = t->space.resv_end;
         }
         if (e == old) {
             break;
@@ -612,9 +612,9 @@ bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
  */
 GArray *extree_alloc_steal_log(Extree *t)
 {
-    GArray *ops = t->oplog;
+    GArray *ops = t->space.oplog;
 
-    t->oplog = g_array_new(false, false, sizeof(ExtreeAllocOp));
+    t->space.oplog = g_array_new(false, false, sizeof(ExtreeAllocOp));
     return ops;
 }
 
@@ -649,35 +649,35 @@ void extree_ranges_merge(GArray *list)
 void extree_alloc_commit_done(Extree *t, GArray *discard)
 {
     /* pending is exactly freed_data + freed_nodes */
-    extree_rs_clear(&t->pending);
-    extree_ranges_merge(t->freed_data);
-    extree_ranges_merge(t->freed_nodes);
-    for (guint i = 0; i < t->freed_data->len; i++) {
-        ExtreeAllocOp *op = &g_array_index(t->freed_data, ExtreeAllocOp, i);
-        extree_rs_add(&t->avail, op->start, op->len);
+    extree_rs_clear(&t->space.pending);
+    extree_ranges_merge(t->space.freed_data);
+    extree_ranges_merge(t->space.freed_nodes);
+    for (guint i = 0; i < t->space.freed_data->len; i++) {
+        ExtreeAllocOp *op = &g_array_index(t->space.freed_data, ExtreeAllocOp, i);
+        extree_rs_add(&t->space.avail, op->start, op->len);
     }
-    for (guint i = 0; i < t->freed_nodes->len; i++) {
-        ExtreeAllocOp *op = &g_array_index(t->freed_nodes, ExtreeAllocOp, i);
-        extree_rs_add(&t->nfree, op->start, op->len);
+    for (guint i = 0; i < t->space.freed_nodes->len; i++) {
+        ExtreeAllocOp *op = &g_array_index(t->space.freed_nodes, ExtreeAllocOp, i);
+        extree_rs_add(&t->space.nfree, op->start, op->len);
     }
-    g_array_append_vals(discard, t->freed_data->data, t->freed_data->len);
-    g_array_set_size(t->freed_data, 0);
+    g_array_append_vals(discard, t->space.freed_data->data, t->space.freed_data->len);
+    g_array_set_size(t->space.freed_data, 0);
 
     extree_alloc_deferred(t, discard);
-    g_array_append_vals(t->discard_later, t->freed_nodes->data,
-                        t->freed_nodes->len);
-    g_array_set_size(t->freed_nodes, 0);
+    g_array_append_vals(t->space.discard_later, t->space.freed_nodes->data,
+                        t->space.freed_nodes->len);
+    g_array_set_size(t->space.freed_nodes, 0);
 }
 
 /*
  * Appends to @discard the free range [start, end) less the node space this
- * commit freed (t->freed_nodes, sorted and merged; empty after a commit):
+ * commit freed (t->space.freed_nodes, sorted and merged; empty after a commit):
  * the previous superblock's tree stays intact until the next commit.
  */
 static void discard_less_freed(Extree *t, uint64_t start, uint64_t end,
                                GArray *discard)
 {
-    GArray *fn = t->freed_nodes;
+    GArray *fn = t->space.freed_nodes;
     guint lo = 0, hi = fn->len;
 
     while (lo < hi) {
@@ -712,8 +712,8 @@ static void discard_less_freed(Extree *t, uint64_t start, uint64_t end,
  */
 static uint64_t joined_len(Extree *t, const ExtreeRange *r)
 {
-    ExtreeRange *before = r->start ? extree_rs_floor(&t->avail, r->start - 1) : NULL;
-    ExtreeRange *after = extree_rs_after(&t->avail, r->start);
+    ExtreeRange *before = r->start ? extree_rs_floor(&t->space.avail, r->start - 1) : NULL;
+    ExtreeRange *after = extree_rs_after(&t->space.avail, r->start);
     uint64_t len = r->len;
 
     if (before && before->start + before->len == r->start) {
@@ -740,19 +740,19 @@ void extree_alloc_deferred(Extree *t, GArray *discard)
 {
     uint64_t done = 0;      /* end of the last range given */
 
-    for (guint i = 0; i < t->discard_later->len; i++) {
-        ExtreeAllocOp *op = &g_array_index(t->discard_later, ExtreeAllocOp, i);
+    for (guint i = 0; i < t->space.discard_later->len; i++) {
+        ExtreeAllocOp *op = &g_array_index(t->space.discard_later, ExtreeAllocOp, i);
         uint64_t end = op->start + op->len;
-        ExtreeRange *r = extree_rs_from(&t->nfree, MAX(op->start, done));
+        ExtreeRange *r = extree_rs_from(&t->space.nfree, MAX(op->start, done));
 
-        for (; r && r->start < end; r = extree_rs_after(&t->nfree, r->start)) {
+        for (; r && r->start < end; r = extree_rs_after(&t->space.nfree, r->start)) {
             if (joined_len(t, r) >= MAX(t->node_size, EXT_DISCARD_NODES_MIN)) {
                 discard_less_freed(t, r->start, r->start + r->len, discard);
                 done = r->start + r->len;
             }
         }
     }
-    g_array_set_size(t->discard_later, 0);
+    g_array_set_size(t->space.discard_later, 0);
 }
 
 /*
@@ -761,16 +761,16 @@ void extree_alloc_deferred(Extree *t, GArray *discard)
  */
 void extree_alloc_set_loaded(Extree *t, bool loaded)
 {
-    extree_rs_append_done(&t->avail);
-    extree_rs_append_done(&t->nfree);
+    extree_rs_append_done(&t->space.avail);
+    extree_rs_append_done(&t->space.nfree);
     if (!loaded) {
-        extree_rs_clear(&t->avail);
-        extree_rs_clear(&t->nfree);
-        extree_rs_clear(&t->touched);
-        t->alloc_partial = false;
-        t->unloaded_bytes = 0;
+        extree_rs_clear(&t->space.avail);
+        extree_rs_clear(&t->space.nfree);
+        extree_rs_clear(&t->space.touched);
+        t->space.alloc_partial = false;
+        t->space.unloaded_bytes = 0;
     }
-    t->alloc_loaded = loaded;
+    t->space.alloc_loaded = loaded;
 }
 
 /*
@@ -782,11 +782,11 @@ void extree_alloc_set_loaded(Extree *t, bool loaded)
 void extree_alloc_set_partial(Extree *t, uint64_t free_lo, uint64_t free_hi,
                               uint64_t unloaded)
 {
-    t->alloc_partial = free_lo < free_hi;
-    t->free_lo = free_lo;
-    t->free_hi = free_hi;
-    t->unloaded_bytes = t->alloc_partial ? unloaded : 0;
-    extree_rs_clear(&t->touched);
+    t->space.alloc_partial = free_lo < free_hi;
+    t->space.free_lo = free_lo;
+    t->space.free_hi = free_hi;
+    t->space.unloaded_bytes = t->space.alloc_partial ? unloaded : 0;
+    extree_rs_clear(&t->space.touched);
 }
 
 /*
@@ -802,29 +802,29 @@ void extree_alloc_reset_free(Extree *t, GArray *used)
 {
     uint64_t pos = t->data_start;
 
-    extree_rs_clear(&t->avail);
-    extree_rs_clear(&t->nfree);
-    extree_rs_clear(&t->pending);
+    extree_rs_clear(&t->space.avail);
+    extree_rs_clear(&t->space.nfree);
+    extree_rs_clear(&t->space.pending);
     extree_alloc_set_partial(t, 0, 0, 0);
-    t->resv_start = t->resv_end = 0;
-    g_array_set_size(t->oplog, 0);
-    g_array_set_size(t->freed_data, 0);
-    g_array_set_size(t->freed_nodes, 0);
-    g_array_set_size(t->discard_later, 0);
+    t->space.resv_start = t->space.resv_end = 0;
+    g_array_set_size(t->space.oplog, 0);
+    g_array_set_size(t->space.freed_data, 0);
+    g_array_set_size(t->space.freed_nodes, 0);
+    g_array_set_size(t->space.discard_later, 0);
     for (guint i = 0; i <= used->len; i++) {
         const ExtreeAllocOp *u = i < used->len ?
             &g_array_index(used, ExtreeAllocOp, i) : NULL;
         uint64_t s = u ? u->start : t->host_end;
         if (s > pos) {
-            extree_rs_add(&t->pending, pos, s - pos);
+            extree_rs_add(&t->space.pending, pos, s - pos);
             log_op(t, pos, s - pos, true);
-            note_freed(t->freed_data, pos, s - pos);
+            note_freed(t->space.freed_data, pos, s - pos);
         }
         if (u) {
             pos = MAX(pos, u->start + u->len);
         }
     }
-    t->alloc_loaded = true;
+    t->space.alloc_loaded = true;
 }
 
 /*
@@ -833,11 +833,11 @@ void extree_alloc_reset_free(Extree *t, GArray *used)
  */
 int extree_alloc_contig(Extree *t, uint64_t bytes, uint64_t *host)
 {
-    ExtreeRangeSet *set = &t->avail;
+    ExtreeRangeSet *set = &t->space.avail;
     ExtreeRange *r = extree_rs_first_fit(set, bytes);
 
     if (!r) {
-        set = &t->nfree;
+        set = &t->space.nfree;
         r = extree_rs_first_fit(set, bytes);
     }
     if (r) {
@@ -847,308 +847,3 @@ int extree_alloc_contig(Extree *t, uint64_t bytes, uint64_t *host)
     }
     return grow(t, bytes, host);
 }
-
-/* ---- reference counts of 2 and more ---- */
-
-/*
- * t->refs: the ranges whose blocks have two references or more, disjoint,
- * keyed by start (a GTree: O(log n) per lookup, split and merge).  A used
- * block outside them has one reference.  Every change is logged in
- * t->reflog for the reference count tree's sync at commit.
- */
-
-static gint ref_key_cmp(gconstpointer a, gconstpointer b, gpointer unused)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-    return x < y ? -1 : x > y;
-}
-
-void extree_refs_init(Extree *t)
-{
-    t->refs = g_tree_new_full(ref_key_cmp, NULL, NULL, g_free);
-    t->reflog = g_array_new(false, false, sizeof(ExtreeAllocOp));
-}
-
-void extree_refs_destroy(Extree *t)
-{
-    if (t->refs) {
-        g_tree_destroy(t->refs);
-        g_array_free(t->reflog, true);
-        t->refs = NULL;
-        t->reflog = NULL;
-    }
-}
-
-/* The range with the largest start <= @off, or NULL */
-static ExtreeRefRange *ref_floor(Extree *t, uint64_t off)
-{
-    GTreeNode *n = g_tree_upper_bound(t->refs, &off);
-
-    n = n ? g_tree_node_previous(n) : g_tree_node_last(t->refs);
-    return n ? g_tree_node_value(n) : NULL;
-}
-
-/* The first range with start >= @off, or NULL */
-static ExtreeRefRange *ref_ceil(Extree *t, uint64_t off)
-{
-    GTreeNode *n = g_tree_lower_bound(t->refs, &off);
-
-    return n ? g_tree_node_value(n) : NULL;
-}
-
-static void ref_insert(Extree *t, uint64_t start, uint64_t len,
-                       uint32_t count)
-{
-    ExtreeRefRange *r = g_new(ExtreeRefRange, 1);
-
-    r->start = start;
-    r->len = len;
-    r->count = count;
-    g_tree_insert(t->refs, &r->start, r);
-}
-
-/* A range boundary at @off: split the range that covers it */
-static void ref_split(Extree *t, uint64_t off)
-{
-    ExtreeRefRange *r = ref_floor(t, off);
-
-    if (r && r->start < off && off < r->start + r->len) {
-        uint64_t tail = r->start + r->len - off;
-
-        r->len = off - r->start;
-        ref_insert(t, off, tail, r->count);
-    }
-}
-
-/* Merge equal neighbours around [start, end) after a change there */
-static void ref_merge(Extree *t, uint64_t start, uint64_t end)
-{
-    ExtreeRefRange *r = ref_floor(t, start ? start - 1 : 0);
-
-    if (!r) {
-        r = ref_ceil(t, start);
-    }
-    while (r && r->start <= end) {
-        ExtreeRefRange *n = ref_ceil(t, r->start + 1);
-
-        if (n && n->start == r->start + r->len && n->count == r->count) {
-            r->len += n->len;
-            g_tree_remove(t->refs, &n->start);
-            continue;
-        }
-        r = n;
-    }
-}
-
-static void ref_log(Extree *t, uint64_t start, uint64_t len)
-{
-    if (t->reflog->len) {
-        ExtreeAllocOp *last = &g_array_index(t->reflog, ExtreeAllocOp,
-                                             t->reflog->len - 1);
-        if (last->start + last->len == start) {
-            last->len += len;
-            return;
-        }
-    }
-    g_array_append_val(t->reflog, ((ExtreeAllocOp){ start, len, false }));
-}
-
-/* Open: the reference count tree's item, validated against free space */
-int extree_refs_add_loaded(Extree *t, uint64_t start, uint64_t len,
-                           uint32_t count)
-{
-    ExtreeRefRange *r = ref_floor(t, start + len - 1);
-
-    if (count < 2 || extree_alloc_is_free(t, start, len) ||
-        (r && r->start + r->len > start)) {
-        return -EINVAL;
-    }
-    ref_insert(t, start, len, count);
-    return 0;
-}
-
-/* The highest count of a block of [start, start + len), 1 if none shared */
-uint32_t extree_refs_max(Extree *t, uint64_t start, uint64_t len)
-{
-    ExtreeRefRange *r = ref_floor(t, start);
-    uint32_t max = 1;
-
-    if (!r || r->start + r->len <= start) {
-        r = ref_ceil(t, start);
-    }
-    for (; r && r->start < start + len; r = ref_ceil(t, r->start + 1)) {
-        max = MAX(max, r->count);
-    }
-    return max;
-}
-
-/* The first range of counts >= 2 that ends after @pos, clipped to @end */
-bool extree_refs_next(Extree *t, uint64_t pos, uint64_t end,
-                      ExtreeRefRange *out)
-{
-    ExtreeRefRange *r = ref_floor(t, pos);
-
-    if (!r || r->start + r->len <= pos) {
-        r = ref_ceil(t, pos);
-    }
-    if (!r || r->start >= end) {
-        return false;
-    }
-    out->start = MAX(r->start, pos);
-    out->len = MIN(r->start + r->len, end) - out->start;
-    out->count = r->count;
-    return true;
-}
-
-/*
- * Checker repair: every block of [start, start + len) has @count
- * references (at least 1: the blocks are in use)
- */
-int extree_refs_set(Extree *t, uint64_t start, uint64_t len, uint32_t count)
-{
-    uint64_t end = start + len;
-    ExtreeRefRange *r;
-
-    if (!t->refs || !extree_has_refs(t) || !len || !count ||
-        len > UINT64_MAX - start || extree_alloc_is_free(t, start, len)) {
-        return -EINVAL;
-    }
-    ref_split(t, start);
-    ref_split(t, end);
-    while ((r = ref_ceil(t, start)) && r->start < end) {
-        uint64_t key = r->start;
-        g_tree_remove(t->refs, &key);
-    }
-    if (count >= 2) {
-        ref_insert(t, start, len, count);
-    }
-    ref_merge(t, start, end);
-    ref_log(t, start, len);
-    return 0;
-}
-
-GArray *extree_refs_steal_log(Extree *t)
-{
-    GArray *log = t->reflog;
-
-    t->reflog = g_array_new(false, false, sizeof(ExtreeAllocOp));
-    return log;
-}
-
-/* ---- the space map: counts per block ---- */
-
-static int sm_new_node(void *opaque, uint64_t *bytenr)
-{
-    return extree_alloc_meta(opaque, bytenr);
-}
-
-/*
- * A second (third, ...) reference to used blocks: only images with
- * snapshots count them (t->refs)
- */
-static int sm_inc_ref(void *opaque, uint64_t start, uint64_t len)
-{
-    Extree *t = opaque;
-    uint64_t pos = start, end = start + len;
-
-    if (!t->refs || !extree_has_refs(t)) {
-        return -ENOTSUP;
-    }
-    if (!len || start < t->data_start || start >= t->host_end ||
-        len > t->host_end - start || extree_alloc_is_free(t, start, len)) {
-        return extree_corrupt(t, start, "corrupt reference count tree: "
-                              "reference to host range at offset 0x%" PRIx64
-                              " length 0x%" PRIx64 ", which is free or "
-                              "outside the data area", start, len);
-    }
-    ref_split(t, start);
-    ref_split(t, end);
-    while (pos < end) {
-        ExtreeRefRange *r = ref_ceil(t, pos);
-
-        if (r && r->start == pos) {
-            if (r->count == UINT32_MAX) {
-                return extree_corrupt(t, pos, "corrupt reference count "
-                                      "tree: count of host offset 0x%"
-                                      PRIx64 " overflows", pos);
-            }
-            r->count++;
-            pos += r->len;
-        } else {
-            uint64_t gap_end = r && r->start < end ? r->start : end;
-
-            ref_insert(t, pos, gap_end - pos, 2);
-            pos = gap_end;
-        }
-    }
-    ref_merge(t, start, end);
-    ref_log(t, start, len);
-    return 0;
-}
-
-/*
- * One reference fewer: counts of 2 and more go down, blocks of count 1 are
- * freed (free once the commit is durable)
- */
-static int sm_dec_ref(void *opaque, uint64_t start, uint64_t len, bool node)
-{
-    Extree *t = opaque;
-    uint64_t pos = start, end = start + len;
-    bool changed = false;
-    int ret = 0;
-
-    if (!t->refs || !g_tree_nnodes(t->refs)) {
-        return free_range(t, start, len, node);
-    }
-    if (!len || len > UINT64_MAX - start) {
-        return free_range(t, start, len, node);
-    }
-    ref_split(t, start);
-    ref_split(t, end);
-    while (pos < end && ret == 0) {
-        ExtreeRefRange *r = ref_ceil(t, pos);
-
-        if (r && r->start == pos) {
-            uint64_t rlen = r->len;
-
-            changed = true;
-            if (--r->count < 2) {
-                g_tree_remove(t->refs, &pos);
-            }
-            pos += rlen;
-        } else {
-            uint64_t gap_end = r && r->start < end ? r->start : end;
-
-            ret = free_range(t, pos, gap_end - pos, node);
-            pos = gap_end;
-        }
-    }
-    if (changed) {
-        ref_merge(t, start, end);
-        ref_log(t, start, len);
-    }
-    return ret;
-}
-
-static int sm_ref_count(void *opaque, uint64_t start, uint32_t *count)
-{
-    Extree *t = opaque;
-
-    if (start < t->data_start || start >= t->host_end) {
-        return -EINVAL;
-    }
-    if (extree_alloc_is_free(t, start, t->block_size)) {
-        *count = 0;
-    } else {
-        *count = t->refs ? extree_refs_max(t, start, t->block_size) : 1;
-    }
-    return 0;
-}
-
-const ExtreeSpaceMapOps extree_alloc_space_map = {
-    .new_node = sm_new_node,
-    .inc_ref = sm_inc_ref,
-    .dec_ref = sm_dec_ref,
-    .ref_count = sm_ref_count,
-};

@@ -636,7 +636,7 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
 {
     Extree *t = c->t;
     ExtreeCheckResult *res = c->res;
-    bool free_bad = c->free_bad || !t->alloc_loaded;
+    bool free_bad = c->free_bad || !t->space.alloc_loaded;
     uint64_t fixed = 0;
     int ret = 0;
 
@@ -650,7 +650,7 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
         }
         return 0;
     }
-    if (c->ref_fixes->len && t->alloc_loaded && (fix & EXTREE_FIX_LEAKS)) {
+    if (c->ref_fixes->len && t->space.alloc_loaded && (fix & EXTREE_FIX_LEAKS)) {
         /*
          * The counts the walk found become the recorded ones: references
          * leaked with "-r leaks", missing ones (corruption) with "-r all"
@@ -752,11 +752,11 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
 
     memset(res, 0, sizeof(*res));
     t->check_clean_gen = 0;
-    if (t->alloc_partial) {
+    if (t->space.alloc_partial) {
         /* repairs need all free space; damage found leaves none loaded */
         extree_freetree_load_rest(t);
     }
-    if (!t->read_only && !t->broken && t->alloc_loaded) {
+    if (!t->read_only && !t->broken && t->space.alloc_loaded) {
         ret = extree_commit(t);
         if (ret < 0) {
             g_array_free(leaks, true);

@@ -247,7 +247,7 @@ int extree_data_shared(Extree *t, uint64_t guest, uint64_t bytes,
     int ret = 0;
 
     *shared = false;
-    if (!extree_has_refs(t) || !t->refs) {
+    if (!extree_has_refs(t) || !t->space.refs) {
         return 0;
     }
     if (extree_refs_max(t, host, bytes) > 1) {

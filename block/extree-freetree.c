@@ -35,7 +35,7 @@ static ExtreeRangeSet *loaded_set(Extree *t, uint64_t len)
 {
     bool node_space = len >= t->node_size && len < EXT_DISCARD_NODES_MIN;
 
-    return node_space ? &t->nfree : &t->avail;
+    return node_space ? &t->space.nfree : &t->space.avail;
 }
 
 static void add_loaded(Extree *t, uint64_t start, uint64_t len)
@@ -52,25 +52,25 @@ static void add_loaded(Extree *t, uint64_t start, uint64_t len)
  */
 static void rest_begin(Extree *t)
 {
-    t->rest_avail = t->avail;
-    t->rest_nfree = t->nfree;
-    memset(&t->avail, 0, sizeof(t->avail));
-    memset(&t->nfree, 0, sizeof(t->nfree));
+    t->space.rest_avail = t->space.avail;
+    t->space.rest_nfree = t->space.nfree;
+    memset(&t->space.avail, 0, sizeof(t->space.avail));
+    memset(&t->space.nfree, 0, sizeof(t->space.nfree));
 }
 
 /* The old sets' ranges that start before @pos back into the sets */
 static void rest_flush(Extree *t, uint64_t pos)
 {
     for (;;) {
-        ExtreeRange *a = extree_rs_from(&t->rest_avail, t->rest_done);
-        ExtreeRange *n = extree_rs_from(&t->rest_nfree, t->rest_done);
+        ExtreeRange *a = extree_rs_from(&t->space.rest_avail, t->space.rest_done);
+        ExtreeRange *n = extree_rs_from(&t->space.rest_nfree, t->space.rest_done);
         ExtreeRange *r = a && (!n || a->start < n->start) ? a : n;
 
         if (!r || r->start >= pos) {
             return;
         }
-        extree_rs_append(r == a ? &t->avail : &t->nfree, r->start, r->len);
-        t->rest_done = r->start + r->len;
+        extree_rs_append(r == a ? &t->space.avail : &t->space.nfree, r->start, r->len);
+        t->space.rest_done = r->start + r->len;
     }
 }
 
@@ -84,10 +84,10 @@ static void rest_flush(Extree *t, uint64_t pos)
  */
 static int add_unread(Extree *t, uint64_t start, uint64_t len, bool in_order)
 {
-    uint64_t pos = MAX(start, t->free_lo), end = MIN(start + len, t->free_hi);
+    uint64_t pos = MAX(start, t->space.free_lo), end = MIN(start + len, t->space.free_hi);
 
     while (pos < end) {
-        ExtreeRange *r = extree_rs_from(&t->touched, pos);
+        ExtreeRange *r = extree_rs_from(&t->space.touched, pos);
         ExtreeRefRange ref;
         uint64_t e;
         bool bad;
@@ -99,15 +99,15 @@ static int add_unread(Extree *t, uint64_t start, uint64_t len, bool in_order)
         e = r ? MIN(r->start, end) : end;
         if (in_order) {
             /* avail and nfree hold nothing past the last piece yet */
-            bad = extree_rs_overlaps(&t->rest_avail, pos, e - pos) ||
-                  extree_rs_overlaps(&t->rest_nfree, pos, e - pos) ||
-                  extree_rs_overlaps(&t->pending, pos, e - pos) ||
-                  (pos < t->resv_end && t->resv_start < e);
+            bad = extree_rs_overlaps(&t->space.rest_avail, pos, e - pos) ||
+                  extree_rs_overlaps(&t->space.rest_nfree, pos, e - pos) ||
+                  extree_rs_overlaps(&t->space.pending, pos, e - pos) ||
+                  (pos < t->space.resv_end && t->space.resv_start < e);
         } else {
             bad = extree_alloc_is_free(t, pos, e - pos);
         }
-        if (bad || e - pos > t->unloaded_bytes ||
-            (t->refs && extree_refs_next(t, pos, e, &ref))) {
+        if (bad || e - pos > t->space.unloaded_bytes ||
+            (t->space.refs && extree_refs_next(t, pos, e, &ref))) {
             return -EINVAL;
         }
         if (in_order) {
@@ -116,7 +116,7 @@ static int add_unread(Extree *t, uint64_t start, uint64_t len, bool in_order)
         } else {
             extree_rs_add(loaded_set(t, e - pos), pos, e - pos);
         }
-        t->unloaded_bytes -= e - pos;
+        t->space.unloaded_bytes -= e - pos;
         pos = e;
     }
     return 0;
@@ -147,10 +147,10 @@ static int add_leaf(Extree *t, const ExtreeItem *items, int nr)
             return ret;
         }
     }
-    first = MAX(items[0].key, t->free_lo);
-    end = MIN(items[nr - 1].key + items[nr - 1].length, t->free_hi);
+    first = MAX(items[0].key, t->space.free_lo);
+    end = MIN(items[nr - 1].key + items[nr - 1].length, t->space.free_hi);
     if (first < end) {
-        extree_rs_union(&t->touched, first, end - first);
+        extree_rs_union(&t->space.touched, first, end - first);
     }
     return 0;
 }
@@ -159,11 +159,11 @@ static int add_leaf(Extree *t, const ExtreeItem *items, int nr)
 static void rest_end(Extree *t)
 {
     rest_flush(t, UINT64_MAX);
-    extree_rs_append_done(&t->avail);
-    extree_rs_append_done(&t->nfree);
-    extree_rs_clear(&t->rest_avail);
-    extree_rs_clear(&t->rest_nfree);
-    t->rest_done = 0;
+    extree_rs_append_done(&t->space.avail);
+    extree_rs_append_done(&t->space.nfree);
+    extree_rs_clear(&t->space.rest_avail);
+    extree_rs_clear(&t->space.rest_nfree);
+    t->space.rest_done = 0;
 }
 
 static int bad_free_bytes(Extree *t, uint64_t have, uint64_t expect)
@@ -309,13 +309,13 @@ int extree_freetree_load_rest(Extree *t)
     uint64_t have;
     int ret;
 
-    if (!t->alloc_partial) {
-        return t->alloc_loaded ? 0 : -EIO;
+    if (!t->space.alloc_partial) {
+        return t->space.alloc_loaded ? 0 : -EIO;
     }
-    have = t->unloaded_bytes;
+    have = t->space.unloaded_bytes;
     rest_begin(t);
     for (ret = extree_bt_first(t, ft, 0, &p, &it);
-         ret == 0 && it.key < t->free_hi;
+         ret == 0 && it.key < t->space.free_hi;
          p.readahead = EXTREE_READAHEAD_MAX,
          ret = extree_bt_next(t, ft, &p, &it)) {
         if (add_unloaded(t, it.key, it.length) < 0) {
@@ -329,8 +329,8 @@ int extree_freetree_load_rest(Extree *t)
     }
     extree_path_release(t, &p);
     rest_end(t);
-    if (ret >= 0 && t->unloaded_bytes) {
-        ret = bad_free_bytes(t, have, have - t->unloaded_bytes);
+    if (ret >= 0 && t->space.unloaded_bytes) {
+        ret = bad_free_bytes(t, have, have - t->space.unloaded_bytes);
     }
     if (ret < 0) {
         extree_alloc_set_loaded(t, false);
@@ -372,11 +372,11 @@ int extree_freetree_load_fit(Extree *t, uint64_t len)
 {
     int ret;
 
-    if (!t->alloc_partial) {
+    if (!t->space.alloc_partial) {
         return 0;
     }
     ret = extree_bt_leaves_with_bytes(t, &t->trees[EXTREE_TREE_FREE], len,
-                                      t->free_lo, t->free_hi, load_fit_leaf,
+                                      t->space.free_lo, t->space.free_hi, load_fit_leaf,
                                       &len);
     if (ret < 0) {
         extree_alloc_set_loaded(t, false);

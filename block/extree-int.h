@@ -421,6 +421,67 @@ typedef struct ExtreeFindCache {
     bool has_prev, has_next;
 } ExtreeFindCache;
 
+/*
+ * The space map's own state, as dm persistent-data's sm_disk owns its
+ * bitmaps, counts and roots: the free space in memory (extree-alloc.c),
+ * the counts of 2 and more (extree-reftree.c), the logs their on-disk
+ * trees are synced from at commit (extree_sm_commit(), extree-spacemap.c).
+ * The B+tree and the extent layer reach it only through t->sm
+ * (ExtreeSpaceMapOps, whose opaque this is) and the allocator's and the
+ * reference counts' functions; nothing above the transaction layer
+ * touches it.  @t: the handle whose node layer keeps its trees (dm's
+ * transaction manager).
+ */
+typedef struct ExtreeSpace {
+    struct Extree *t;
+    /* free space known: the free tree loaded (never for read-only handles) */
+    bool alloc_loaded;
+    ExtreeRangeSet avail;       /* allocatable now */
+    ExtreeRangeSet nfree;       /* allocatable now, freed node space */
+    ExtreeRangeSet pending;     /* freed in this transaction */
+    uint64_t resv_start, resv_end;  /* metadata reserve, free */
+    /*
+     * The free tree loaded in part (extree_freetree_load()): the sets
+     * hold the free space of [data_start, free_lo), of [free_hi, ...) and
+     * of @touched, every range of [free_lo, free_hi) whose state changed
+     * since the open (memory knows it better than the tree does until a
+     * sync); the tree's rest, @unloaded_bytes of free space, is read by
+     * extree_freetree_load_rest() before anything that wants the whole
+     * picture (data placement, the checker, a backend of fixed size).
+     * Nodes and the snapshot table come from the sets, else new space.
+     */
+    bool alloc_partial;
+    uint64_t free_lo, free_hi, unloaded_bytes;
+    ExtreeRangeSet touched;
+    /* while the rest loads: avail and nfree as they were, and how far */
+    ExtreeRangeSet rest_avail, rest_nfree;
+    uint64_t rest_done;
+    bool resv_nfree;            /* ... taken from nfree */
+    /* ExtreeAllocOp since the last free-tree sync */
+    GArray *oplog;
+    /*
+     * What to discard after commit (ExtreeAllocOp): DATA and other space
+     * freed in this transaction, at once; node space freed in it, after
+     * the next commit if still unused then (metadata churn is mostly
+     * reused right away, a discard would only cost a hole to refill)
+     */
+    GArray *freed_data, *freed_nodes, *discard_later;
+    /* host_end lowered in this transaction: truncate after commit */
+    bool trimmed;
+    /*
+     * The largest host_end the backend can hold (a block device, an NBD
+     * export); 0: the backend grows as needed
+     */
+    uint64_t host_limit;
+    /*
+     * Reference counts of 2 and more (ExtreeRefRange by start, disjoint),
+     * loaded from the reference count tree at read-write open; @reflog:
+     * ranges changed since its last sync (ExtreeAllocOp)
+     */
+    GTree *refs;
+    GArray *reflog;
+} ExtreeSpace;
+
 struct Extree {
     ExtreeBackend *be;
     bool read_only;
@@ -487,46 +548,12 @@ struct Extree {
     ExtreePath pcache[EXT_NTREES];
     ExtreeFindCache fcache;
 
-    /* Allocator (extree-alloc.c) */
-    /* free space known: the free tree loaded (never for read-only handles) */
-    bool alloc_loaded;
-    ExtreeRangeSet avail;       /* allocatable now */
-    ExtreeRangeSet nfree;       /* allocatable now, freed node space */
-    ExtreeRangeSet pending;     /* freed in this transaction */
-    uint64_t resv_start, resv_end;  /* metadata reserve, free */
     /*
-     * The free tree loaded in part (extree_freetree_load()): the sets
-     * hold the free space of [data_start, free_lo), of [free_hi, ...) and
-     * of @touched, every range of [free_lo, free_hi) whose state changed
-     * since the open (memory knows it better than the tree does until a
-     * sync); the tree's rest, @unloaded_bytes of free space, is read by
-     * extree_freetree_load_rest() before anything that wants the whole
-     * picture (data placement, the checker, a backend of fixed size).
-     * Nodes and the snapshot table come from the sets, else new space.
+     * The space map (ExtreeSpace): free space, reference counts and their
+     * trees.  t->sm's opaque.
      */
-    bool alloc_partial;
-    uint64_t free_lo, free_hi, unloaded_bytes;
-    ExtreeRangeSet touched;
-    /* while the rest loads: avail and nfree as they were, and how far */
-    ExtreeRangeSet rest_avail, rest_nfree;
-    uint64_t rest_done;
-    bool resv_nfree;            /* ... taken from nfree */
-    /* ExtreeAllocOp since the last free-tree sync */
-    GArray *oplog;
-    /*
-     * What to discard after commit (ExtreeAllocOp): DATA and other space
-     * freed in this transaction, at once; node space freed in it, after
-     * the next commit if still unused then (metadata churn is mostly
-     * reused right away, a discard would only cost a hole to refill)
-     */
-    GArray *freed_data, *freed_nodes, *discard_later;
-    /* host_end lowered in this transaction: truncate after commit */
-    bool trimmed;
-    /*
-     * The largest host_end the backend can hold (a block device, an NBD
-     * export); 0: the backend grows as needed
-     */
-    uint64_t host_limit;
+    ExtreeSpace space;
+
     /*
      * The extent tree root's item lengths disagree with the superblock's
      * extent_bytes (opened for the checker only): @root_bytes_want
@@ -582,13 +609,6 @@ struct Extree {
      * the index whose tree t->trees[EXTREE_TREE_EXTENT] is
      */
     int snap_view;
-    /*
-     * Reference counts of 2 and more (ExtreeRefRange by start, disjoint),
-     * loaded from the reference count tree at read-write open; @reflog:
-     * ranges changed since its last sync (ExtreeAllocOp)
-     */
-    GTree *refs;
-    GArray *reflog;
 
     ExtreeStats stats;
     ExtreeCorruptFn *corrupt_fn;
@@ -684,7 +704,7 @@ static inline int extree_check_writable(const Extree *t)
         return -EROFS;
     }
     if (t->broken || (t->incompat & EXTREE_INCOMPAT_CORRUPT) ||
-        !t->alloc_loaded) {
+        !t->space.alloc_loaded) {
         return -EIO;
     }
     if (t->snap_view >= 0) {
@@ -745,7 +765,6 @@ int extree_bt_drop(Extree *t, ExtreeTree *tree, ExtreeRemovedFn *removed,
 int extree_bt_new_root(Extree *t, ExtreeTree *tree);
 
 /* extree-alloc.c: free space in memory, placement, the space map */
-extern const ExtreeSpaceMapOps extree_alloc_space_map;
 void extree_alloc_init(Extree *t);
 void extree_alloc_destroy(Extree *t);
 int extree_alloc_meta(Extree *t, uint64_t *out);
@@ -753,6 +772,7 @@ int extree_alloc_add_free(Extree *t, uint64_t start, uint64_t len);
 bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len);
 uint64_t extree_alloc_free_bytes(const Extree *t);
 bool extree_alloc_trim_tail(Extree *t);
+int extree_alloc_free(Extree *t, uint64_t start, uint64_t len, bool node);
 void extree_alloc_commit_done(Extree *t, GArray *freed);
 void extree_alloc_deferred(Extree *t, GArray *discard);
 uint64_t extree_alloc_take_at(Extree *t, uint64_t hint, uint64_t bytes);
@@ -773,6 +793,8 @@ void extree_alloc_reset_free(Extree *t, GArray *used);
 void extree_ranges_merge(GArray *list);
 int extree_alloc_contig(Extree *t, uint64_t bytes, uint64_t *host);
 uint64_t extree_alloc_headroom(uint32_t node_size);
+
+/* extree-reftree.c: reference counts in memory */
 void extree_refs_init(Extree *t);
 void extree_refs_destroy(Extree *t);
 int extree_refs_add_loaded(Extree *t, uint64_t start, uint64_t len,
@@ -782,6 +804,8 @@ bool extree_refs_next(Extree *t, uint64_t pos, uint64_t end,
                       ExtreeRefRange *out);
 GArray *extree_refs_steal_log(Extree *t);
 int extree_refs_set(Extree *t, uint64_t start, uint64_t len, uint32_t count);
+int extree_refs_inc(Extree *t, uint64_t start, uint64_t len);
+int extree_refs_dec(Extree *t, uint64_t start, uint64_t len, bool node);
 
 /* extree-reftree.c: the reference count tree on disk */
 int extree_reftree_load(Extree *t);
@@ -793,6 +817,14 @@ int extree_freetree_load_rest(Extree *t);
 int extree_freetree_load_fit(Extree *t, uint64_t len);
 int extree_freetree_sync(Extree *t);
 int extree_freetree_rebuild(Extree *t, GArray *used);
+
+/*
+ * extree-spacemap.c: the space map as one object (ExtreeSpace), its ops
+ * (t->sm) and its two-phase commit
+ */
+void extree_sm_init(Extree *t);
+int extree_sm_commit(ExtreeSpace *sp);
+void extree_sm_commit_done(ExtreeSpace *sp, GArray *freed);
 
 /* extree-extent.c: guest ranges to host extents */
 int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,

@@ -354,8 +354,7 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
                      !t->read_only;
     t->commit_by_caller = o->commit_by_caller;
     extree_cache_init(t);
-    extree_alloc_init(t);
-    t->sm = (ExtreeSpaceMap){ &extree_alloc_space_map, t };
+    extree_sm_init(t);
 
     /*
      * The extent root only: a bad root fails open, not the first read.
@@ -460,8 +459,8 @@ void extree_close(Extree *t)
 
 bool extree_is_dirty(const Extree *t)
 {
-    return t->ndirty > 0 || t->super_dirty || t->oplog->len > 0 ||
-           (t->reflog && t->reflog->len > 0);
+    return t->ndirty > 0 || t->super_dirty || t->space.oplog->len > 0 ||
+           (t->space.reflog && t->space.reflog->len > 0);
 }
 
 /*
@@ -479,20 +478,20 @@ static void give_back_space(Extree *t, GArray *freed)
         ExtreeAllocOp *r = &g_array_index(freed, ExtreeAllocOp, i);
         ops->discard(t->be->opaque, r->start, r->len);
     }
-    if (t->trimmed && ops->truncate) {
+    if (t->space.trimmed && ops->truncate) {
         int64_t len = ops->get_length(t->be->opaque);
         if (len > (int64_t)t->host_end) {
             ops->truncate(t->be->opaque, t->host_end);
         }
     }
-    t->trimmed = false;
+    t->space.trimmed = false;
 }
 
 void extree_discard_deferred(Extree *t)
 {
     GArray *later;
 
-    if (t->read_only || t->broken || !t->alloc_loaded || extree_is_dirty(t)) {
+    if (t->read_only || t->broken || !t->space.alloc_loaded || extree_is_dirty(t)) {
         return;
     }
     later = g_array_new(false, false, sizeof(ExtreeAllocOp));
@@ -520,26 +519,18 @@ int extree_commit(Extree *t)
     if (t->read_only) {
         return -EROFS;
     }
-    if (t->broken || !t->alloc_loaded) {
+    if (t->broken || !t->space.alloc_loaded) {
         return -EIO;
     }
 
     /*
-     * 2. Free space at the end of the file that state G does not use
-     *    either leaves the data area (lower host_end).  Then the free tree
-     *    takes in this transaction's allocations and frees (pending frees
-     *    are free in G + 1); loops to a fixed point.  A failure here leaves
-     *    the trees half-synced: give up on them.
+     * 2. The space map's pre-commit: the reference count and free-space
+     *    trees take in this transaction's changes, and free space at the
+     *    end of the file that state G does not use either leaves the data
+     *    area (extree_sm_commit()).  A failure here leaves the trees
+     *    half-synced: give up on them.
      */
-    ret = extree_reftree_sync(t);
-    if (ret < 0) {
-        t->broken = true;
-        goto fail;
-    }
-    if (extree_alloc_trim_tail(t)) {
-        t->trimmed = true;
-    }
-    ret = extree_freetree_sync(t);
+    ret = extree_sm_commit(&t->space);
     if (ret < 0) {
         t->broken = true;
         goto fail;
@@ -592,7 +583,7 @@ int extree_commit(Extree *t)
 
     /* 7. Only now may space freed in G + 1 be reused */
     freed = g_array_new(false, false, sizeof(ExtreeAllocOp));
-    extree_alloc_commit_done(t, freed);
+    extree_sm_commit_done(&t->space, freed);
     extree_node_commit_done(t);
     *t->csb = s;
     t->sb_host_end = s.host_end;
@@ -654,7 +645,7 @@ int extree_clear_corrupt(Extree *t)
     if (!(t->incompat & EXTREE_INCOMPAT_CORRUPT)) {
         return 0;
     }
-    if (t->broken || !t->alloc_loaded || extree_is_dirty(t) ||
+    if (t->broken || !t->space.alloc_loaded || extree_is_dirty(t) ||
         t->check_clean_gen != t->generation) {
         return -EINVAL;
     }
@@ -705,8 +696,8 @@ unsigned extree_depth(const Extree *t)
  */
 void extree_set_host_limit(Extree *t, uint64_t limit)
 {
-    t->host_limit = limit;
-    if (limit && t->alloc_partial) {
+    t->space.host_limit = limit;
+    if (limit && t->space.alloc_partial) {
         extree_freetree_load_rest(t);
     }
 }
@@ -719,7 +710,7 @@ uint64_t extree_grow_bound_nodes(Extree *t, uint64_t contig)
         return t->host_end;
     }
     /* a read error leaves the bound where the known ranges put it */
-    if (!extree_alloc_fits(t, need) && t->alloc_partial) {
+    if (!extree_alloc_fits(t, need) && t->space.alloc_partial) {
         extree_freetree_load_fit(t, need);
     }
     return extree_alloc_fits(t, need) ? t->host_end : t->host_end + need;
@@ -727,7 +718,7 @@ uint64_t extree_grow_bound_nodes(Extree *t, uint64_t contig)
 
 uint64_t extree_free_bytes(const Extree *t)
 {
-    return t->alloc_loaded ? extree_alloc_free_bytes(t) : t->csb->free_bytes;
+    return t->space.alloc_loaded ? extree_alloc_free_bytes(t) : t->csb->free_bytes;
 }
 
 uint64_t extree_host_end(const Extree *t)
@@ -876,7 +867,7 @@ void extree_stats(const Extree *t, ExtreeStats *st)
     *st = t->stats;
     st->cached_nodes = t->ncached;
     st->dirty_nodes = t->ndirty;
-    st->free_tree_partial = t->alloc_partial;
+    st->free_tree_partial = t->space.alloc_partial;
 }
 
 /*

@@ -268,7 +268,7 @@ static void test_random(void)
     while (c.snaps->len) {
         snap_delete(&c, 0);
     }
-    g_assert_cmpuint(g_tree_nnodes(c.t->refs), ==, 0);
+    g_assert_cmpuint(g_tree_nnodes(c.t->space.refs), ==, 0);
     ct_check_clean(c.t, NULL);
     verify(c.t, c.be, c.tags, c.buf);
     g_test_message("%" PRIu64 " blocks written in place, %" PRIu64
@@ -622,47 +622,47 @@ static void test_space_map(void)
     sm = t->sm.ops;
 
     /* [4, 12) + 1, then [8, 16) + 1: counts 1 2 3 2 by quarter... */
-    g_assert_cmpint(sm->inc_ref(t, host + 4 * BS, 8 * BS), ==, 0);
-    g_assert_cmpint(sm->inc_ref(t, host + 8 * BS, 8 * BS), ==, 0);
+    g_assert_cmpint(sm->inc_ref(t->sm.opaque, host + 4 * BS, 8 * BS), ==, 0);
+    g_assert_cmpint(sm->inc_ref(t->sm.opaque, host + 8 * BS, 8 * BS), ==, 0);
     for (int b = 0; b < 16; b++) {
         uint32_t want = 1 + (b >= 4 && b < 12) + (b >= 8);
-        g_assert_cmpint(sm->ref_count(t, host + b * BS, &c), ==, 0);
+        g_assert_cmpint(sm->ref_count(t->sm.opaque, host + b * BS, &c), ==, 0);
         g_assert_cmpuint(c, ==, want);
     }
     g_assert_cmpuint(extree_refs_max(t, host, 16 * BS), ==, 3);
     /* ... three ranges of 2, 3, 2, and the shared root node */
-    g_assert_cmpuint(g_tree_nnodes(t->refs), ==, 4);
+    g_assert_cmpuint(g_tree_nnodes(t->space.refs), ==, 4);
     /* survives commit and reopen */
     g_assert_cmpint(extree_commit(t), ==, 0);
     extree_close(t);
     t = ct_open(be);
     sm = t->sm.ops;
-    g_assert_cmpuint(g_tree_nnodes(t->refs), ==, 4);
+    g_assert_cmpuint(g_tree_nnodes(t->space.refs), ==, 4);
     g_assert_cmpuint(t->trees[EXTREE_TREE_REFS].nitems, ==, 4);
     for (int b = 0; b < 16; b++) {
         uint32_t want = 1 + (b >= 4 && b < 12) + (b >= 8);
-        g_assert_cmpint(sm->ref_count(t, host + b * BS, &c), ==, 0);
+        g_assert_cmpint(sm->ref_count(t->sm.opaque, host + b * BS, &c), ==, 0);
         g_assert_cmpuint(c, ==, want);
     }
     /* back down: equal neighbours merge again */
-    g_assert_cmpint(sm->dec_ref(t, host + 8 * BS, 4 * BS, false), ==, 0);
+    g_assert_cmpint(sm->dec_ref(t->sm.opaque, host + 8 * BS, 4 * BS, false), ==, 0);
     /* [4, 16) of 2 is one range again, and the root */
-    g_assert_cmpuint(g_tree_nnodes(t->refs), ==, 2);
-    g_assert_cmpint(sm->dec_ref(t, host + 4 * BS, 12 * BS, false), ==, 0);
-    g_assert_cmpuint(g_tree_nnodes(t->refs), ==, 1);
+    g_assert_cmpuint(g_tree_nnodes(t->space.refs), ==, 2);
+    g_assert_cmpint(sm->dec_ref(t->sm.opaque, host + 4 * BS, 12 * BS, false), ==, 0);
+    g_assert_cmpuint(g_tree_nnodes(t->space.refs), ==, 1);
     /*
      * the last reference frees (pending, not allocatable before commit):
      * once the snapshot is gone, nothing shares the data
      */
     g_assert_cmpint(extree_snapshot_delete(t, 0), ==, 0);
-    g_assert_cmpuint(g_tree_nnodes(t->refs), ==, 0);
+    g_assert_cmpuint(g_tree_nnodes(t->space.refs), ==, 0);
     free0 = extree_free_bytes(t);
     g_assert_cmpint(extree_punch(t, 0, 2 * BS), ==, 0);
     g_assert_cmpuint(extree_free_bytes(t), ==, free0 + 2 * BS);
-    g_assert_cmpint(sm->ref_count(t, host, &c), ==, 0);
+    g_assert_cmpint(sm->ref_count(t->sm.opaque, host, &c), ==, 0);
     g_assert_cmpuint(c, ==, 0);
     /* a reference to free space is refused as corruption */
-    g_assert_cmpint(sm->inc_ref(t, host, BS), ==, -EIO);
+    g_assert_cmpint(sm->inc_ref(t->sm.opaque, host, BS), ==, -EIO);
     extree_close(t);
     t = ct_open(be);
     /* the failed update left nothing behind: the committed state checks */
@@ -783,7 +783,7 @@ static void test_collapse_shared(void)
     verify_snapshots(&c);
     ct_check_clean(c.t, NULL);
     snap_delete(&c, 0);
-    g_assert_cmpuint(g_tree_nnodes(c.t->refs), ==, 0);
+    g_assert_cmpuint(g_tree_nnodes(c.t->space.refs), ==, 0);
     ct_check_clean(c.t, NULL);
     verify(c.t, c.be, c.tags, c.buf);
 
