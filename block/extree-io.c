@@ -522,15 +522,25 @@ xt_read_old(BDRVExtreeState *s, const ExtreeRun *run, uint64_t guest,
 }
 
 /*
- * Does a snapshot share a block of guest [@guest, @guest + @bytes), which
- * lies in blocks of DATA run @run?  Called with s->lock held.
+ * May guest [@guest, @guest + @bytes), in blocks of run @run, be changed
+ * in place on the host?  Only DATA that no snapshot shares (spec:
+ * Sharing, 3): everything else (holes, ZERO, shared DATA) changes by a
+ * new mapping.  The one place writes and zeroes decide it.  Called with
+ * s->lock held.
  */
 static int coroutine_fn GRAPH_RDLOCK
-xt_shared(BDRVExtreeState *s, const ExtreeRun *run, uint64_t guest,
-          uint64_t bytes, bool *shared)
+xt_in_place(BDRVExtreeState *s, const ExtreeRun *run, uint64_t guest,
+            uint64_t bytes, bool *in_place)
 {
-    return extree_data_shared(s->t, guest, bytes,
-                              run->host + guest - run->guest, shared);
+    bool shared = true;
+    int ret = 0;
+
+    if (run->type == EXTREE_RUN_DATA) {
+        ret = extree_data_shared(s->t, guest, bytes,
+                                 run->host + guest - run->guest, &shared);
+    }
+    *in_place = ret == 0 && !shared;
+    return ret;
 }
 
 /*
@@ -552,38 +562,39 @@ xt_write_mode(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     uint64_t start = QEMU_ALIGN_DOWN(offset, bsz);
     uint64_t end = ROUND_UP(offset + *n, bsz);
     uint64_t len;
-    bool shared;
+    bool head;
     int ret;
 
-    *in_place = true;
-    ret = xt_shared(s, run, start, end - start, &shared);
-    if (ret < 0 || !shared) {
+    ret = xt_in_place(s, run, start, end - start, in_place);
+    if (ret < 0 || *in_place) {
         return ret;
     }
-    ret = xt_shared(s, run, start, bsz, &shared);
+    ret = xt_in_place(s, run, start, bsz, &head);
     if (ret < 0) {
         return ret;
     }
-    if (!shared) {
+    if (head) {
         /* the unshared head, found by doubling (the whole is shared) */
         len = bsz;
         while (len * 2 < end - start) {
-            ret = xt_shared(s, run, start, len * 2, &shared);
+            ret = xt_in_place(s, run, start, len * 2, &head);
             if (ret < 0) {
                 return ret;
             }
-            if (shared) {
+            if (!head) {
                 break;
             }
             len *= 2;
         }
         *n = start + len - offset;
+        *in_place = true;
         return 0;
     }
-    *in_place = false;
     if (end - start > bsz && (offset + *n) % bsz) {
-        ret = xt_shared(s, run, end - bsz, bsz, &shared);
-        if (ret == 0 && !shared) {
+        bool tail;
+
+        ret = xt_in_place(s, run, end - bsz, bsz, &tail);
+        if (ret == 0 && tail) {
             /* the partial last block is written in place, next round */
             *n = end - bsz - offset;
         }
@@ -865,7 +876,7 @@ xt_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
     BlockDriverState *bs = s->bs;
     uint64_t bsz = s->block_size;
     uint64_t bstart = QEMU_ALIGN_DOWN(offset, bsz);
-    bool shared = false;
+    bool in_place = false;
     QEMUIOVector qiov;
     ExtreeCursor cur;
     ExtreeRun run;
@@ -895,17 +906,15 @@ xt_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
         goto out;
     }
 
-    if (run.type == EXTREE_RUN_DATA) {
-        ret = xt_shared(s, &run, bstart, bsz, &shared);
-        if (ret < 0) {
-            xt_io_end(s);
-            goto out;
-        }
+    ret = xt_in_place(s, &run, bstart, bsz, &in_place);
+    if (ret < 0) {
+        xt_io_end(s);
+        goto out;
     }
 
     switch (run.type) {
     case EXTREE_RUN_DATA:
-        if (shared) {
+        if (!in_place) {
             /* A snapshot shares the block: a buffer of zeroes to new space */
             xt_io_end(s);
             if (flags & BDRV_REQ_NO_FALLBACK) {
@@ -963,7 +972,7 @@ xt_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
     BlockDriverState *bs = s->bs;
     uint64_t bsz = s->block_size;
     ExtreeCursor cur;
-    bool shared;
+    bool in_place;
     int ret;
 
     ret = xt_enter(s);
@@ -990,16 +999,13 @@ xt_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
             xt_io_end(s);
             break;
         }
-        shared = false;
-        if (run.type == EXTREE_RUN_DATA) {
-            ret = xt_shared(s, &run, start, ROUND_UP(run.length, bsz),
-                            &shared);
-            if (ret < 0) {
-                xt_io_end(s);
-                break;
-            }
+        ret = xt_in_place(s, &run, start, ROUND_UP(run.length, bsz),
+                          &in_place);
+        if (ret < 0) {
+            xt_io_end(s);
+            break;
         }
-        if (run.type == EXTREE_RUN_DATA && shared) {
+        if (run.type == EXTREE_RUN_DATA && !in_place) {
             /* A snapshot shares it: not in place, a ZERO extent instead */
             xt_io_end(s);
             ret = xt_update_range(s, start, ROUND_UP(start + run.length, bsz),
@@ -1211,20 +1217,19 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
             uint64_t len = MIN((uint64_t)offset, ROUND_UP(old, bsz)) - old;
             ExtreeCursor cur;
             ExtreeRun run;
-            bool shared;
+            bool in_place = false;
 
             extree_cursor_init(&cur, s->t);
             ret = extree_cursor_query(&cur, old, len, EXTREE_COALESCE_HOST,
                                       &run);
             extree_cursor_release(&cur);
-            shared = false;
-            if (ret == 0 && run.type == EXTREE_RUN_DATA) {
-                ret = xt_shared(s, &run, QEMU_ALIGN_DOWN(old, bsz), bsz,
-                                &shared);
+            if (ret == 0) {
+                ret = xt_in_place(s, &run, QEMU_ALIGN_DOWN(old, bsz), bsz,
+                                  &in_place);
             }
-            if (ret == 0 && run.type == EXTREE_RUN_DATA && !shared) {
+            if (ret == 0 && in_place) {
                 ret = bdrv_co_pwrite_zeroes(bs->file, run.host, len, 0);
-            } else if (ret == 0 && (shared ||
+            } else if (ret == 0 && (run.type == EXTREE_RUN_DATA ||
                                     (run.type == EXTREE_RUN_UNALLOC &&
                                      (flags & BDRV_REQ_ZERO_WRITE)))) {
                 /* shared with a snapshot: zeroes to new space */

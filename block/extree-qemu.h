@@ -1,7 +1,7 @@
 /*
  * extree: QEMU driver internals, shared by the driver's three files
  *
- * The image format lives in the QEMU-independent core behind block/extree.h
+ * The image format lives in the QEMU-independent core behind block/extree/extree.h
  * (its functions are extree_*).  The QEMU driver is
  *
  *   extree.c       the BlockDriver table, open/close/reopen, inactivate and
@@ -31,7 +31,7 @@
 #include "qemu/queue.h"
 #include "qemu/timer.h"
 
-#include "extree.h"
+#include "extree/extree.h"
 
 /*
  * Largest virtual size: the format allows EXTREE_MAX_VIRTUAL_SIZE, QEMU's

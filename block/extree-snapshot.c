@@ -3,7 +3,7 @@
  *
  * The BlockDriver's snapshot callbacks (qemu-img snapshot, info and
  * convert -l; savevm, loadvm, delvm and the snapshot-save/-load/-delete
- * jobs) over the core's snapshots (block/extree.h), and the VM state
+ * jobs) over the core's snapshots (block/extree/extree.h), and the VM state
  * savevm writes before it takes the snapshot.
  *
  * Copyright (c) 2026 The extree authors

@@ -20,13 +20,15 @@ the build under test is build/qemu.  Measures, each a whole command:
             in place (they were copied once after a snapshot was taken):
             each write asks whether a snapshot maps the same block
 
-Medians of --runs alternating rounds, printed.  Python 3 stdlib only.
+Medians of --runs alternating rounds, wall and CPU (user + system of the
+command), printed.  Python 3 stdlib only.
 """
 
 import argparse
 import importlib.util
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -48,11 +50,17 @@ images = load("bench-images")
 bs = load("bench-snapshot")
 
 
+CPU = []         # CPU seconds (user + system) of each timed command
+
+
 def run(argv, script=None):
     os.sync()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     r = subprocess.run(argv, input=script, capture_output=True, text=True)
     dt = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.append(ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime)
     out = (r.stdout + r.stderr).lower()
     if r.returncode != 0 or "fail" in out or "error" in out:
         raise RuntimeError(f"{' '.join(argv)}: exit {r.returncode}: "
@@ -91,6 +99,11 @@ def main():
     offs = [o for o, _ in rng.sample(lay.writes, 1000)]
     times = {(b, m): [] for b in bins
              for m in ("delete", "revert", "revert-x", "rewrite")}
+    cpu = {k: [] for k in times}
+
+    def timed(b, m, argv, script=None):
+        times[(b, m)].append(run(argv, script))
+        cpu[(b, m)].append(CPU[-1])
     src = [raw2, raw]
     for rep in range(args.runs):
         order = list(bins) if rep % 2 == 0 else list(bins)[::-1]
@@ -98,31 +111,27 @@ def main():
             qi, qio = bins[b]
             # revert to the same state
             run([qimg, "snapshot", "-c", "s", img])
-            times[(b, "revert")].append(run([qi, "snapshot", "-a", "s",
-                                             img]))
+            timed(b, "revert", [qi, "snapshot", "-a", "s", img])
             run([qimg, "snapshot", "-d", "s", img])
             # revert across an overwrite of every data block
             run([qimg, "snapshot", "-c", "s", img])
             run([qimg, "convert", "-n", "-f", "raw", "-O", "extree",
                  src[0], img])
             src.reverse()
-            times[(b, "revert-x")].append(run([qi, "snapshot", "-a", "s",
-                                               img]))
+            timed(b, "revert-x", [qi, "snapshot", "-a", "s", img])
             run([qimg, "snapshot", "-d", "s", img])
             # delete of a snapshot whose data was overwritten
             run([qimg, "snapshot", "-c", "old", img])
             run([qimg, "convert", "-n", "-f", "raw", "-O", "extree",
                  src[0], img])
             src.reverse()
-            times[(b, "delete")].append(run([qi, "snapshot", "-d", "old",
-                                             img]))
+            timed(b, "delete", [qi, "snapshot", "-d", "old", img])
             # in-place rewrites under a snapshot: copied once, then timed
             run([qimg, "snapshot", "-c", "w", img])
             script = "".join(f"write -q -P 7 {o} 4k\n" for o in offs)
             run([bins["after"][1], "-f", "extree", img], script)
             script = "".join(f"write -q -P 9 {o} 4k\n" for o in offs)
-            times[(b, "rewrite")].append(run([qio, "-f", "extree", img],
-                                             script))
+            timed(b, "rewrite", [qio, "-f", "extree", img], script)
             run([qimg, "snapshot", "-d", "w", img])
     r = subprocess.run([qimg, "check", img], capture_output=True, text=True)
     print(f"check: exit {r.returncode}", flush=True)
@@ -135,6 +144,9 @@ def main():
             line.append(f"{b} {med[b]:.4f} s (min {min(v):.4f}, max "
                         f"{max(v):.4f}, n {len(v)})")
         line.append(f"after/before {med['after'] / med['before']:.3f}")
+        c = {b: statistics.median(cpu[(b, m)]) for b in bins}
+        line.append(f"CPU median before {c['before']:.4f} s after "
+                    f"{c['after']:.4f} s")
         print("  ".join(line), flush=True)
     for p in (raw, raw2, img):
         os.unlink(p)

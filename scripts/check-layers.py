@@ -34,6 +34,8 @@ LAYERS = [
     'extree-snapshot',
     'extree',
 ]
+# The core's top layer: the core lives in block/extree/, the driver in block/
+CORE_TOP = 'extree-check'
 
 
 def rank_of(name):
@@ -44,10 +46,11 @@ def rank_of(name):
 
 
 def file_of(obj):
-    # meson names objects block_extree-node.c.o or libblock.a.p/...
+    # meson names objects block_extree_extree-node.c.o (the core, in
+    # block/extree/) or block_extree-io.c.o (the driver, in block/)
     base = os.path.basename(obj)
     base = base[:-len('.c.o')] if base.endswith('.c.o') else base
-    return base.split('block_', 1)[-1]
+    return base.split('_')[-1]
 
 
 def symbols(obj):
@@ -80,13 +83,22 @@ def main():
         print('check-layers: no objects found in', ' '.join(dirs))
         return 1
     files = {}
+    bad = 0
     for o in objs:
-        files[file_of(o)] = symbols(o)
+        name = file_of(o)
+        files[name] = symbols(o)
+        # the path tells core from driver: the core in block/extree/
+        in_core_dir = os.path.basename(o).startswith('block_extree_')
+        rank = rank_of(name)
+        if rank is not None and in_core_dir != (rank <= rank_of(CORE_TOP)):
+            print(f'# check-layers: {name}.c is a '
+                  f'{"core" if rank <= rank_of(CORE_TOP) else "driver"} '
+                  f'file but lives in {"block/extree/" if in_core_dir else "block/"}')
+            bad += 1
     owner = {}
     for name, (defined, _) in files.items():
         for sym in defined:
             owner[sym] = name
-    bad = 0
     for name, (_, used) in sorted(files.items()):
         me = rank_of(name)
         if me is None:

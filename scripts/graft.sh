@@ -19,11 +19,12 @@ die() { echo "graft: error: $*" >&2; exit 1; }
 # Everything the project keeps in QEMU's layout.  Not the backends used by
 # the unit tests: QEMU has its own I/O.
 mapfile -t files < <(cd "$top" && {
-    ls block/extree*.c block/extree*.h include/block/extree*.h docs/interop/extree.rst \
+    ls block/extree*.c block/extree*.h block/extree/extree*.c block/extree/extree*.h \
+       include/block/extree*.h docs/interop/extree.rst \
        docs/devel/extree.rst block/extree/trace-events \
        block/extree/sources 2>/dev/null
     find tests/qemu-iotests/tests -type f 2>/dev/null
-} | grep -v -E '^block/extree-backend\.' | sort -u)
+} | grep -v -E '^block/extree/extree-backend\.' | sort -u)
 
 for f in "${files[@]}"; do
     dst=$src/$f

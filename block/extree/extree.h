@@ -3,7 +3,7 @@
  *
  * extree maps guest ranges to host extents with a copy-on-write B+tree
  * (include/block/extree-format.h).  This header is all the QEMU driver and
- * the tools see; the layers below talk through block/extree-int.h.
+ * the tools see; the layers below talk through block/extree/extree-int.h.
  *
  * Layers, each calling only the ones below it (docs/devel/extree.rst):
  *   check     the checker behind qemu-img check          (extree-check.c)

@@ -1,7 +1,7 @@
 /*
  * extree core: internal interfaces between the layers
  *
- * Not for the QEMU driver: it uses block/extree.h only.
+ * Not for the QEMU driver: it uses block/extree/extree.h only.
  *
  * Nodes are kept in the cache as their raw little-endian on-disk image
  * (node_size bytes) and read through the inline load/store helpers below:
