@@ -4,7 +4,7 @@
  * docs/interop/extree.rst is the normative description; this header mirrors
  * it.  Every multi-byte field is little-endian.  These are disk types only:
  * never use them as in-memory state, convert with the helpers in
- * block/extree-node.c.
+ * block/extree/extree-node.c.
  *
  * Copyright (c) 2026 The extree authors
  *

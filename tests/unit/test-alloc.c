@@ -438,9 +438,9 @@ static void test_load_in_order(void)
 
     t = ct_open(be);
     /* open read the first and last leaf: the rest joins by search */
-    g_assert_true(t->alloc_partial);
+    g_assert_true(t->space.alloc_partial);
     g_assert_cmpint(extree_freetree_load_rest(t), ==, 0);
-    g_assert_false(t->alloc_partial);
+    g_assert_false(t->space.alloc_partial);
     for (ret = extree_bt_first(t, &t->trees[EXTREE_TREE_FREE], 0, &p, &it);
          ret == 0;
          ret = extree_bt_next(t, &t->trees[EXTREE_TREE_FREE], &p, &it)) {
@@ -605,11 +605,11 @@ static void test_host_limit_partial(void)
     extree_close(t);
 
     t = ct_open(be);
-    g_assert_true(t->alloc_partial);
+    g_assert_true(t->space.alloc_partial);
     free_bytes = extree_free_bytes(t);
     end = extree_host_end(t);
     extree_set_host_limit(t, end);
-    g_assert_false(t->alloc_partial);
+    g_assert_false(t->space.alloc_partial);
     g_assert_cmpuint(extree_free_bytes(t), ==, free_bytes);
     /* the freed 16 KiB holes hold the nodes of more punches */
     for (uint64_t b = 4; b < 8192; b += 64) {
@@ -655,32 +655,32 @@ static void test_grow_bound_partial(void)
 
     /* short free ranges only: the bound grows, and reads nothing */
     t = ct_open(be);
-    g_assert_true(t->alloc_partial);
+    g_assert_true(t->space.alloc_partial);
     end = extree_host_end(t);
     before = nodes_read(t);
     g_assert_cmpuint(extree_grow_bound_nodes(t, 0), >, end);
     g_assert_cmpuint(nodes_read(t), ==, before);
-    g_assert_true(t->alloc_partial);
+    g_assert_true(t->space.alloc_partial);
     /* 8 MiB freed in the middle of the tree's keys */
     g_assert_cmpint(extree_punch(t, 6000 * BS, 2000 * BS), ==, 0);
     g_assert_cmpint(extree_commit(t), ==, 0);
     extree_close(t);
 
     t = ct_open(be);
-    g_assert_true(t->alloc_partial);
+    g_assert_true(t->space.alloc_partial);
     g_assert_false(extree_alloc_fits(t, extree_alloc_nodes_need(t, 0)));
     end = extree_host_end(t);
     before = nodes_read(t);
     g_assert_cmpuint(extree_grow_bound_nodes(t, 0), ==, end);
     g_assert_cmpuint(nodes_read(t) - before, <=, 2);
-    g_assert_true(t->alloc_partial);
+    g_assert_true(t->space.alloc_partial);
     g_assert_true(extree_alloc_fits(t, extree_alloc_nodes_need(t, 0)));
     g_assert_cmpint(extree_punch(t, 2 * BS, 4000 * BS), ==, 0);
     g_assert_cmpint(extree_commit(t), ==, 0);
     g_assert_cmpuint(extree_host_end(t), <=, end);
-    g_assert_true(t->alloc_partial);
+    g_assert_true(t->space.alloc_partial);
     ct_check_clean(t, NULL);
-    g_assert_false(t->alloc_partial);
+    g_assert_false(t->space.alloc_partial);
     extree_close(t);
     extree_mem_backend_free(be);
 }
@@ -718,12 +718,12 @@ static void test_grow_bound_room(void)
     extree_close(t);
 
     t = ct_open(be);
-    g_assert_true(t->alloc_partial);
+    g_assert_true(t->space.alloc_partial);
     before = nodes_read(t);
     g_assert_cmpuint(extree_grow_bound_nodes(t, 0), ==, extree_host_end(t));
     g_assert_cmpuint(nodes_read(t), ==, before);
 
-    g_assert_true(t->alloc_partial);
+    g_assert_true(t->space.alloc_partial);
     ct_check_clean(t, NULL);
     extree_close(t);
     extree_mem_backend_free(be);
