@@ -1267,6 +1267,7 @@ int extree_bt_probe(Extree *t, ExtreeProbe *pr, uint64_t key,
         p->slots[l] = slot;
         pr->lo[l - 1] = ptr_key(n, slot);
         pr->hi[l - 1] = e.key_end;
+        pr->slot_hint = 0;
     }
     *out = p->nodes[level];
     return 0;

@@ -170,15 +170,26 @@ int extree_probe_same_data(Extree *t, ExtreeProbe *pr, uint64_t guest,
     *flen = 0;
     while (pos < end) {
         ExtreeNode *leaf;
-        int nr, ret;
+        int nr, i, ret;
 
         ret = extree_bt_probe(t, pr, pos, 0, &leaf);
         if (ret < 0) {
             return ret;
         }
         nr = node_nritems(leaf);
-        for (int i = leaf_first_ending_after(leaf, pos);
-             i < nr && leaf_key(leaf, i) < end; i++) {
+        /*
+         * Looks at increasing offsets (a drop's) go on from where the last
+         * one stopped in the same leaf, without a search
+         */
+        i = pr->slot_hint;
+        if (i > nr || (i > 0 && leaf_key(leaf, i - 1) +
+                       leaf_len(leaf, i - 1) > pos)) {
+            i = leaf_first_ending_after(leaf, pos);
+        }
+        while (i < nr && leaf_key(leaf, i) + leaf_len(leaf, i) <= pos) {
+            i++;
+        }
+        for (; i < nr && leaf_key(leaf, i) < end; i++) {
             ExtreeItem it;
 
             leaf_get(leaf, i, &it);
@@ -187,9 +198,11 @@ int extree_probe_same_data(Extree *t, ExtreeProbe *pr, uint64_t guest,
                 it.host + guest == host + it.key) {
                 *found = MAX(it.key, pos);
                 *flen = MIN(it.key + it.length, end) - *found;
+                pr->slot_hint = i;
                 return 0;
             }
         }
+        pr->slot_hint = i > 0 ? i - 1 : 0;
         if (pr->hi[0] == UINT64_MAX) {
             break;
         }

@@ -726,6 +726,8 @@ typedef struct ExtreeProbe {
     ExtreeTree *tree;
     ExtreePath p;
     uint64_t lo[EXTREE_MAX_LEVELS], hi[EXTREE_MAX_LEVELS];
+    /* the leaf item the last look stopped at, in p.nodes[0] */
+    int slot_hint;
 } ExtreeProbe;
 int extree_bt_probe(Extree *t, ExtreeProbe *pr, uint64_t key,
                     unsigned level, ExtreeNode **out);
