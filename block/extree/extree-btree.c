@@ -1363,6 +1363,9 @@ static int drop_node(Extree *t, ExtreeTree *tree, uint64_t bytenr,
         return ret;
     }
     ret = guard_check(t, guard, n);
+    if (ret == 0 && guard && guard->leaf_fn && !node_level(n)) {
+        ret = guard->leaf_fn(guard, n);
+    }
     if (ret < 0) {
         extree_node_unref(t, n);
         return ret;

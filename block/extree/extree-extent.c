@@ -212,6 +212,72 @@ int extree_probe_same_data(Extree *t, ExtreeProbe *pr, uint64_t guest,
 }
 
 /*
+ * The DATA of @leaf that the tree of @pr maps to the same host bytes at
+ * the same guest offsets: @fn is called with each such host range (and
+ * @opaque), in guest order; it returns 0 to go on, or an error that ends
+ * the walk.  A merge of @leaf's items with the probed tree's over @leaf's
+ * key range: O(items of both), each of the tree's leaves read once over
+ * calls at increasing keys.
+ */
+int extree_probe_leaf_shared(Extree *t, ExtreeProbe *pr,
+                             const ExtreeNode *leaf,
+                             int (*fn)(void *opaque, uint64_t host,
+                                       uint64_t len),
+                             void *opaque)
+{
+    int nl = node_nritems(leaf), i = 0;
+    uint64_t from = 0;
+
+    while (i < nl) {
+        ExtreeNode *m;
+        uint64_t pos = MAX(leaf_key(leaf, i), from);
+        int nm, j, ret;
+
+        ret = extree_bt_probe(t, pr, pos, 0, &m);
+        if (ret < 0) {
+            return ret;
+        }
+        nm = node_nritems(m);
+        j = leaf_first_ending_after(m, pos);
+        while (i < nl && j < nm) {
+            ExtreeItem a, b;
+
+            leaf_get(leaf, i, &a);
+            leaf_get(m, j, &b);
+            if (a.key + a.length <= b.key) {
+                i++;
+            } else if (b.key + b.length <= a.key) {
+                j++;
+            } else {
+                uint64_t g0 = MAX(a.key, b.key);
+                uint64_t g1 = MIN(a.key + a.length, b.key + b.length);
+
+                /* keys and host offsets are below 2^63: no overflow */
+                if (a.type == EXTREE_ITEM_DATA &&
+                    b.type == EXTREE_ITEM_DATA &&
+                    a.host + b.key == b.host + a.key) {
+                    ret = fn(opaque, a.host + (g0 - a.key), g1 - g0);
+                    if (ret < 0) {
+                        return ret;
+                    }
+                }
+                if (a.key + a.length <= b.key + b.length) {
+                    i++;
+                } else {
+                    j++;
+                }
+            }
+        }
+        if (i >= nl || pr->hi[0] == UINT64_MAX) {
+            break;
+        }
+        /* the rest of @leaf lies in the tree's next leaves */
+        from = pr->hi[0];
+    }
+    return 0;
+}
+
+/*
  * Does a snapshot map guest [guest, guest + bytes) to @host, which the
  * counts say the live tree alone uses?  A count recorded too low
  * (corruption) would let a write change the snapshot's data in place.

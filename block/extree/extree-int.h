@@ -736,11 +736,15 @@ void extree_probe_release(Extree *t, ExtreeProbe *pr);
  * A drop's guard: the roots that stay.  Before a node is freed, each of
  * them is probed at the node's first key and level; one that reaches it
  * means the node's count was too low (corruption), and the drop fails
- * before it frees anything the others use.
+ * before it frees anything the others use.  @leaf_fn, if set, is called
+ * with each leaf the drop frees before its items are reported (the
+ * caller checks what the items refer to).
  */
 typedef struct ExtreeDropGuard {
     ExtreeProbe *keep;
     unsigned nkeep;
+    int (*leaf_fn)(struct ExtreeDropGuard *guard, ExtreeNode *leaf);
+    void *opaque;
 } ExtreeDropGuard;
 int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
                       uint64_t start, uint64_t len,
@@ -836,6 +840,11 @@ int extree_extent_release(void *opaque, const ExtreeItem *it);
 int extree_probe_same_data(Extree *t, ExtreeProbe *pr, uint64_t guest,
                            uint64_t len, uint64_t host, uint64_t *found,
                            uint64_t *flen);
+int extree_probe_leaf_shared(Extree *t, ExtreeProbe *pr,
+                             const ExtreeNode *leaf,
+                             int (*fn)(void *opaque, uint64_t host,
+                                       uint64_t len),
+                             void *opaque);
 
 /* ---- below the transaction layer: the superblock, the snapshot table ---- */
 

@@ -267,8 +267,8 @@ static int snap_root_check(Extree *t, const ExtreeSnap *sn)
 /*
  * A drop that verifies before it frees (docs/reliability.rst, "Reference
  * counts recorded too low"): the roots that stay are probed at every node
- * the drop frees (extree_bt_drop()'s guard) and at every DATA item of a
- * freed leaf.  A root that maps what the counts say only the dropped tree
+ * the drop frees (extree_bt_drop()'s guard), and each leaf it frees is
+ * merged with their leaves of the same key range (drop_leaf()).  A root that maps what the counts say only the dropped tree
  * uses fails the drop with -EIO before anything it uses is freed: the
  * operation fails and the last commit stands.
  */
@@ -277,6 +277,8 @@ typedef struct DropCtx {
     ExtreeTree *trees;
     ExtreeDropGuard guard;
 } DropCtx;
+
+static int drop_leaf(ExtreeDropGuard *guard, ExtreeNode *leaf);
 
 /* The roots that stay: every snapshot but @skip, and the live tree */
 static void keep_init(Extree *t, DropCtx *dc, unsigned skip, bool live)
@@ -299,6 +301,8 @@ static void keep_init(Extree *t, DropCtx *dc, unsigned skip, bool live)
         dc->guard.keep[i].tree = &dc->trees[i];
     }
     dc->guard.nkeep = n;
+    dc->guard.leaf_fn = drop_leaf;
+    dc->guard.opaque = dc;
 }
 
 static void keep_destroy(DropCtx *dc)
@@ -325,46 +329,35 @@ static bool refs_shared(Extree *t, uint64_t start, uint64_t len)
     return true;
 }
 
-/*
- * An item of a freed leaf: its DATA loses the dropped tree's reference,
- * after the check that every part a root that stays maps too has a count
- * that keeps it
- */
-static int drop_release(void *opaque, const ExtreeItem *it)
+/* DATA a root that stays maps too: its count must keep it */
+static int shared_kept(void *opaque, uint64_t host, uint64_t len)
 {
     DropCtx *dc = opaque;
-    Extree *t = dc->t;
 
-    for (unsigned i = 0; it->type == EXTREE_ITEM_DATA && i < dc->guard.nkeep;
-         i++) {
-        uint64_t pos = it->key, end = it->key + it->length;
-
-        while (pos < end) {
-            uint64_t found, flen, h;
-            int ret;
-
-            ret = extree_probe_same_data(t, &dc->guard.keep[i], pos,
-                                         end - pos,
-                                         it->host + (pos - it->key),
-                                         &found, &flen);
-            if (ret < 0) {
-                return ret;
-            }
-            if (!flen) {
-                break;
-            }
-            h = it->host + (found - it->key);
-            if (!refs_shared(t, h, flen)) {
-                return extree_corrupt(t, h, "corrupt reference count tree: "
-                                      "host range at offset 0x%" PRIx64
-                                      " length 0x%" PRIx64 " has 1 "
-                                      "reference, but another root maps "
-                                      "it too", h, flen);
-            }
-            pos = found + flen;
-        }
+    if (!refs_shared(dc->t, host, len)) {
+        return extree_corrupt(dc->t, host, "corrupt reference count tree: "
+                              "host range at offset 0x%" PRIx64 " length 0x%"
+                              PRIx64 " has 1 reference, but another root "
+                              "maps it too", host, len);
     }
-    return extree_extent_release(t, it);
+    return 0;
+}
+
+/*
+ * A leaf the drop frees: before its items' DATA lose the dropped tree's
+ * reference, every part a root that stays maps too must have a count that
+ * keeps it (a merge with each root's leaves of the same key range)
+ */
+static int drop_leaf(ExtreeDropGuard *guard, ExtreeNode *leaf)
+{
+    DropCtx *dc = guard->opaque;
+    int ret = 0;
+
+    for (unsigned i = 0; i < guard->nkeep && ret == 0; i++) {
+        ret = extree_probe_leaf_shared(dc->t, &guard->keep[i], leaf,
+                                       shared_kept, dc);
+    }
+    return ret;
 }
 
 int extree_snapshot_goto(Extree *t, unsigned index)
@@ -394,7 +387,7 @@ int extree_snapshot_goto(Extree *t, unsigned index)
         t->super_dirty = true;
         /* every snapshot stays, the one reverted to among them */
         keep_init(t, &dc, UINT_MAX, false);
-        ret = extree_bt_drop(t, &old, drop_release, &dc, &dc.guard);
+        ret = extree_bt_drop(t, &old, extree_extent_release, t, &dc.guard);
         keep_destroy(&dc);
     }
     return finish(t, ret);
@@ -416,7 +409,7 @@ int extree_snapshot_delete(Extree *t, unsigned index)
     }
     extree_snap_tree(t, &g_array_index(t->snaps, ExtreeSnap, index), &tree);
     keep_init(t, &dc, index, true);
-    ret = extree_bt_drop(t, &tree, drop_release, &dc, &dc.guard);
+    ret = extree_bt_drop(t, &tree, extree_extent_release, t, &dc.guard);
     keep_destroy(&dc);
     if (ret == 0) {
         g_array_remove_index(t->snaps, index);
