@@ -14,6 +14,9 @@
 #   past-vsize    the last item of the live tree's last leaf moved past
 #                 the virtual size (point 3)
 #   snap-past-vsize  the same in the last leaf of the first snapshot
+#   reseed        SEED is an input: write it with another OPS_SEED (which
+#                 drives the target's choices: the snapshot reverted to,
+#                 the writes)
 #
 # Copyright (c) 2026 The extree authors
 #
@@ -129,6 +132,12 @@ class Image:
 def main():
     recipe, seed, out = sys.argv[1:4]
     ops_seed = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    if recipe == 'reseed':
+        # another ops seed for an input: the target's random choices
+        d = bytearray(open(seed, 'rb').read())
+        d[-24:-16] = ops_seed.to_bytes(8, 'little')
+        open(out, 'wb').write(d)
+        return
     im = Image(open(seed, 'rb').read())
     if recipe == 'snap-gen':
         for s in range(2):
