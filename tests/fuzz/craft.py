@@ -9,6 +9,8 @@
 # Recipes (issue 38):
 #   snap-gen      snap_generation 1 in both superblock slots (point 1)
 #   snap-root     the first snapshot's root loses its last item (point 2)
+#   snap-root-child-gen  the first snapshot's root names its first child
+#                 with a generation above its own (snap-root-valid)
 #   snap-root-leaf  the first snapshot's entry names one of its tree's
 #                 leaves as root, generation and level matched (point 2)
 #   past-vsize    the last item of the live tree's last leaf moved past
@@ -148,6 +150,10 @@ def main():
         nr = im.node(root)['nritems']
         im.put(root + 32, nr - 1, 4)
         im.edit(root + 64 + (nr - 1) * 32, bytes(32))
+        im.fix_node(root)
+    elif recipe == 'snap-root-child-gen':
+        root = ld(im.img, im.entry(0))
+        im.put(root + 64 + 16, im.node(root)['gen'] + 6)
         im.fix_node(root)
     elif recipe == 'snap-root-leaf':
         e = im.entry(0)

@@ -585,6 +585,45 @@ static void reach(const FzImage *im, const uint8_t *buf, uint64_t bytenr,
     }
 }
 
+/*
+ * An interior node at @bytenr with a child pointer changed to another
+ * extent-tree node of the reference that this node did not point to:
+ * with snapshots, that may be another tree's version of the same child
+ * (same keys, same lengths, other data), which no reader can tell from
+ * the real one
+ */
+static bool redirected(const FzImage *im, const uint8_t *img,
+                       const uint8_t *orig, size_t len, uint64_t bytenr)
+{
+    const uint8_t *a = orig + bytenr, *b = img + bytenr;
+    uint32_t na, nb;
+
+    if (!im->nsnaps || bytenr > len || len - bytenr < im->ns ||
+        !a[EXT_NH_LEVEL]) {
+        return false;
+    }
+    na = MIN(ext_ld32(a + EXT_NH_NRITEMS), EXTREE_INTERIOR_CAPACITY(im->ns));
+    nb = MIN(ext_ld32(b + EXT_NH_NRITEMS), EXTREE_INTERIOR_CAPACITY(im->ns));
+    for (uint32_t i = 0; i < nb; i++) {
+        uint64_t child = ext_ld64(b + EXTREE_NODE_HEADER_SIZE +
+                                  (size_t)i * EXT_PTR_ISZ + 8);
+        int n = fz_find_node(im, child);
+        bool known = false;
+
+        if (n < 0 || im->nodes[n].owner != EXTREE_TREE_EXTENT) {
+            continue;
+        }
+        for (uint32_t k = 0; k < na && !known; k++) {
+            known = child == ext_ld64(a + EXTREE_NODE_HEADER_SIZE +
+                                      (size_t)k * EXT_PTR_ISZ + 8);
+        }
+        if (!known) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static void classify(FzRun *r, const FzInput *in, const uint8_t *img,
                      const uint8_t *orig)
 {
@@ -625,6 +664,8 @@ static void classify(FzRun *r, const FzInput *in, const uint8_t *img,
                 r->snap_ts[j].root_moved |= s < 24;
                 r->snap_gen_edit |= s < 32 && e > 24;
                 r->snap_ts[j].vsize_edit |= s < 40 && e > 32;
+                /* extent_count, extent_bytes: point 2 from the other side */
+                r->snap_ts[j].root_edit |= s < 56 && e > 40;
             }
             continue;
         }
@@ -698,6 +739,14 @@ static void classify(FzRun *r, const FzInput *in, const uint8_t *img,
         r->hi = r->live_ts.reached ? r->live_ts.hi : 0;
         r->inside_strict = nd->level > 0;
         r->reopen_oracle = r->write_oracle = nd->level > 0;
+        if (redirected(im, img, orig, in->img_len, nd->bytenr)) {
+            /*
+             * Under the node, judged like a leaf; and the count of the
+             * new child lies (one more parent than it says)
+             */
+            r->inside_strict = false;
+            r->refs_edit = true;
+        }
         r->root_sum_changed = node == 0 && sum_changed;
         r->keys_moved = keys_moved(img, orig, in->img_len, nd->bytenr,
                                    im->ns);
