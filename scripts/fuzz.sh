@@ -69,7 +69,7 @@ mkdir -p $work $artifacts
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 
-# Inputs are images up to 540 KiB (sparse once mutated) with the
+# Inputs are images up to 560 KiB (sparse once mutated) with the
 # mutator's edit records; crossing two images over would only destroy
 # both.  The entropic schedule costs a third of the time with the many
 # features of this target: the plain one runs half as many inputs again.

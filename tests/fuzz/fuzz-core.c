@@ -40,7 +40,7 @@
  * On the image as it came:
  *   - convert -l: every snapshot through load_tmp on a read-only handle,
  *     read over its own virtual size: each sector as the reference's
- *     snapshot, or the read fails; the count and ids as the table's;
+ *     snapshot, or the read fails; count, ids and names as the table's;
  *   - snapshot -a or -d of a random snapshot on a writable copy: where
  *     the allocator cannot be misled the image must reopen after success
  *     (after a failure it may fail to open instead) and read: after a
@@ -1255,9 +1255,11 @@ static bool check_snaps(FzRun *r, ExtreeBackend *be, const char *what,
         tree_run(&sub, r, sr, ri < FZ_MAX_SNAPS ? &r->snap_ts[ri] : NULL,
                  "%s: snapshot %u (id %s)", what, k, info.id);
         if (sub.ref && !r->table_edit &&
-            strcmp(info.id, r->ref->sinfo[ri].id)) {
-            violation(&sub, "id %s, expect %s", info.id,
-                      r->ref->sinfo[ri].id);
+            (strcmp(info.id, r->ref->sinfo[ri].id) ||
+             strcmp(info.name, r->ref->sinfo[ri].name))) {
+            violation(&sub, "id %s name %s, expect %s and %s", info.id,
+                      info.name, r->ref->sinfo[ri].id,
+                      r->ref->sinfo[ri].name);
         }
         if (sub.ref && !r->snap_ts[ri].vsize_edit &&
             extree_virtual_size(t) != sr->vsize && !tolerated(&sub, NULL)) {

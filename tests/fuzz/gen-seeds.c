@@ -26,6 +26,12 @@ typedef struct Gen {
     Extree *t;
     uint32_t bs;
     uint64_t rng;
+    /*
+     * Data sectors hold 16 random bytes and zeroes: as distinct to the
+     * oracle (a crc32c per sector), and inputs made from the image
+     * compress (the snapshot seeds: their corpus is large)
+     */
+    bool tagged;
 } Gen;
 
 static uint64_t gen_rand(Gen *g)
@@ -65,6 +71,7 @@ static void gen_start(Gen *g, uint64_t vsize, uint32_t bs, uint32_t ns,
     g->be = extree_mem_backend_new();
     g->bs = bs;
     g->rng = seed;
+    g->tagged = false;
     if (extree_create(g->be, &p, &err) < 0) {
         fprintf(stderr, "gen-seeds: create: %s\n", err);
         exit(1);
@@ -83,9 +90,11 @@ static void gen_write(Gen *g, uint64_t blk, uint64_t blocks)
 
         must(extree_alloc_data(g->t, guest, bytes, &host, &got),
              "alloc_data");
-        buf = g_malloc(got);
+        buf = g_malloc0(got);
         for (uint64_t i = 0; i < got; i += 8) {
-            ext_st64(buf + i, gen_rand(g));
+            if (!g->tagged || i % 512 < 16) {
+                ext_st64(buf + i, gen_rand(g));
+            }
         }
         must(g->be->ops->pwrite(g->be->opaque, host, buf, got), "pwrite");
         g_free(buf);
@@ -333,6 +342,7 @@ static void seed_snapshots(const char *dir)
     Gen g;
 
     gen_start(&g, 4 << 20, 512, 4096, NULL, 6);
+    g.tagged = true;
     for (int i = 0; i < 300; i++) {
         if (i % 3 == 0) {
             gen_write(&g, i * 3, 1 + i % 2);
@@ -404,6 +414,7 @@ static void seed_snap_levels(const char *dir)
     Gen g;
 
     build_three_levels(&g, 7);
+    g.tagged = true;
     gen_snapshot(&g, "whole", 5000);
     for (int i = 0; i < 4; i++) {
         gen_write(&g, i * 7 * per_leaf * 2 + 5, 2);
@@ -434,6 +445,7 @@ static void seed_snap_refs(const char *dir)
     Gen g;
 
     gen_start(&g, 2 << 20, 512, 4096, NULL, 8);
+    g.tagged = true;
     for (int i = 0; i < 300; i++) {
         gen_write(&g, i * 3, 1);
         gen_zero(&g, i * 3 + 1, 1);
