@@ -47,6 +47,8 @@
  *     revert to j, the live image as snapshot j; after a delete of j, j
  *     gone; after a failure, as before; every remaining snapshot as
  *     before;
+ *   - the VM state of each snapshot (load_tmp, or the live one after a
+ *     revert) as the reference's;
  *   - a grow of the virtual size (also after a revert) must map nothing
  *     past the old end: an item there must have been refused;
  * and after the target's writes and commit, every snapshot as before.
@@ -69,6 +71,7 @@
 #define MAX_FAILURES    64
 #define MAX_REF_SECTORS (64 * 1024)
 #define REF_CACHE_MAX   64
+#define MAX_VM_STATE    (1 << 20)
 
 /* Expected state of a sector */
 #define SEC_UNKNOWN     0xff    /* after a failed update: anything goes */
@@ -106,6 +109,10 @@ struct FzRef {
     unsigned nsnaps;
     ExtreeSnapshotInfo *sinfo;
     FzRef *snaps[FZ_MAX_SNAPS];
+    /* a snapshot's: its VM state (vm_state_size bytes, up to 1 MiB) */
+    bool vm_valid;
+    uint64_t vm_len;
+    uint32_t vm_crc;
 };
 
 typedef enum FzScope {
@@ -429,6 +436,20 @@ static bool ref_read(FzRef *ref, Extree *t, ExtreeBackend *be)
 }
 
 /*
+ * crc32c of the first @len bytes of the VM state @t shows (the live
+ * tree's, or the snapshot's that load_tmp chose), -1 if the read fails
+ */
+static int64_t vm_crc(Extree *t, uint64_t len)
+{
+    uint8_t *buf = g_malloc(MAX(len, 1));
+    int ret = extree_vmstate_read(t, 0, buf, len);
+    uint32_t crc = extree_crc32c(0, buf, len);
+
+    g_free(buf);
+    return ret < 0 ? -1 : (int64_t)crc;
+}
+
+/*
  * Read every sector of an image that opens and checks without
  * corruption; valid = false otherwise
  */
@@ -471,6 +492,13 @@ static FzRef *ref_build(const uint8_t *img, size_t len)
             goto out;
         }
         sr->valid = true;
+        sr->vm_len = ref->sinfo[i].vm_state_size;
+        if (sr->vm_len <= MAX_VM_STATE) {
+            int64_t crc = vm_crc(t, sr->vm_len);
+
+            sr->vm_valid = crc >= 0;
+            sr->vm_crc = crc;
+        }
     }
     ref->valid = true;
 out:
@@ -1203,11 +1231,28 @@ tree_run(FzRun *sub, const FzRun *r, const FzRef *ref, const FzTreeScope *ts,
     sub->phase = sub->phase_buf;
 }
 
-/* Reads of @t as @sub judges them; @r's generator goes on */
+/*
+ * Reads of @t as @sub judges them, and of its VM state (which lies in
+ * the extent tree from EXTREE_VMSTATE_BASE: let off under an edited leaf
+ * whose keys reach there, or after edits of the table, which holds its
+ * size); @r's generator goes on
+ */
 static void tree_reads(FzRun *r, FzRun *sub, Extree *t)
 {
+    const FzRef *ref = sub->ref;
+
     reads(sub, t, sub->phase_buf, false);
     r->rng = sub->rng;
+    if (ref && ref->vm_valid && !sub->table_edit &&
+        (sub->scope != SCOPE_EXTENT_NODE || sub->inside_strict ||
+         sub->hi <= EXTREE_VMSTATE_BASE)) {
+        int64_t crc = vm_crc(t, ref->vm_len);
+
+        if (crc >= 0 && crc != ref->vm_crc && !tolerated(sub, NULL)) {
+            violation(sub, "VM state (0x%" PRIx64 " bytes) reads wrong "
+                      "data with success", ref->vm_len);
+        }
+    }
 }
 
 /*
