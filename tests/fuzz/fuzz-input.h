@@ -239,14 +239,39 @@ typedef struct FzNode {
     uint64_t lo, hi;            /* key range from the parents */
 } FzNode;
 
+/* Snapshot table entries parsed (the table may hold more) */
+#define FZ_MAX_SNAPS    8
+
+typedef struct FzSnap {
+    uint64_t root, root_gen, gen, vsize;
+    unsigned level;
+} FzSnap;
+
 typedef struct FzImage {
     const uint8_t *buf;
     size_t len;
     int slot;                   /* newest superblock with a good checksum */
     uint64_t gen, vsize, host_end;
     uint32_t bs, ns;
+    /*
+     * Snapshots feature: the reference count tree's root, the snapshot
+     * table (snap_count entries from its offset, header first) and the
+     * entries of the first FZ_MAX_SNAPS of them (nsnaps; 0 if the table
+     * lies outside the image or has a bad magic)
+     */
+    uint64_t ref_root, snap_table, snap_gen;
+    uint32_t snap_count;
+    int nsnaps;
+    FzSnap snaps[FZ_MAX_SNAPS];
     int nnodes;
-    FzNode nodes[FZ_MAX_NODES];     /* [0]: the extent tree's root */
+    /*
+     * [0]: the extent tree's root, then the nodes of the extent tree, the
+     * free-space tree, the reference count tree and those of the
+     * snapshots' extent trees that the live one does not reach; a node
+     * shared by several trees appears once, with the key range of the
+     * first tree that reaches it
+     */
+    FzNode nodes[FZ_MAX_NODES];
 } FzImage;
 
 static inline uint32_t fz_sb_csum(const uint8_t *sb)
@@ -338,6 +363,14 @@ static inline void fz_add_tree(FzImage *im, uint32_t owner, uint64_t root,
     }
 }
 
+#define FZ_SNAP_HDR     64
+
+/* Image offset of snapshot table entry @i */
+static inline uint64_t fz_snap_entry(const FzImage *im, uint32_t i)
+{
+    return im->snap_table + FZ_SNAP_HDR + (uint64_t)i * EXTREE_SNAP_ENTRY_SIZE;
+}
+
 /* The newest superblock slot with a good checksum, or -1 */
 static inline int fz_best_slot(const uint8_t *buf, size_t len, uint64_t *gen)
 {
@@ -358,8 +391,10 @@ static inline int fz_best_slot(const uint8_t *buf, size_t len, uint64_t *gen)
 }
 
 /*
- * Parse the newest superblock with a good checksum and walk both trees
- * (without trusting them: bounds are checked, checksums are not).
+ * Parse the newest superblock with a good checksum and walk its trees -
+ * extent, free-space, and with snapshots the reference count tree and
+ * the snapshot table's extent trees - without trusting them: bounds are
+ * checked, checksums are not.
  * False if no superblock slot is usable.  O(nodes^2), nodes <= 4096.
  */
 static inline bool fz_image_parse(FzImage *im, const uint8_t *buf, size_t len)
@@ -385,7 +420,87 @@ static inline bool fz_image_parse(FzImage *im, const uint8_t *buf, size_t len)
     }
     fz_add_tree(im, EXTREE_TREE_EXTENT, ext_ld64(sb + 80), UINT64_MAX);
     fz_add_tree(im, EXTREE_TREE_FREE, ext_ld64(sb + 104), UINT64_MAX);
+    im->ref_root = im->snap_table = im->snap_gen = 0;
+    im->snap_count = 0;
+    im->nsnaps = 0;
+    if (!(ext_ld64(sb + 32) & EXTREE_INCOMPAT_SNAPSHOTS)) {
+        return true;
+    }
+    im->ref_root = ext_ld64(sb + 160);
+    im->snap_table = ext_ld64(sb + 184);
+    im->snap_count = ext_ld32(sb + 192);
+    im->snap_gen = ext_ld64(sb + 200);
+    fz_add_tree(im, EXTREE_TREE_REFS, im->ref_root, UINT64_MAX);
+    if (im->snap_table < len && len - im->snap_table >= FZ_SNAP_HDR &&
+        ext_ld32(buf + im->snap_table) == EXTREE_SNAP_MAGIC) {
+        for (uint32_t i = 0; i < MIN(im->snap_count, FZ_MAX_SNAPS); i++) {
+            uint64_t e = fz_snap_entry(im, i);
+            FzSnap *sn = &im->snaps[im->nsnaps];
+
+            if (e > len || len - e < EXTREE_SNAP_ENTRY_SIZE) {
+                break;
+            }
+            sn->root = ext_ld64(buf + e);
+            sn->root_gen = ext_ld64(buf + e + 8);
+            sn->level = buf[e + 16];
+            sn->gen = ext_ld64(buf + e + 24);
+            sn->vsize = ext_ld64(buf + e + 32);
+            im->nsnaps++;
+        }
+    }
+    for (int i = 0; i < im->nsnaps; i++) {
+        fz_add_tree(im, EXTREE_TREE_EXTENT, im->snaps[i].root, UINT64_MAX);
+    }
     return true;
+}
+
+/* Bytes of the snapshot table that its checksum covers */
+static inline uint64_t fz_snap_table_used(const FzImage *im)
+{
+    return FZ_SNAP_HDR + (uint64_t)im->snap_count * EXTREE_SNAP_ENTRY_SIZE;
+}
+
+/* Entry @i of the snapshot table within [0, snap_count), or -1 */
+static inline int fz_snap_entry_at(const FzImage *im, uint64_t off,
+                                   uint64_t len)
+{
+    uint64_t t = im->snap_table;
+
+    if (!im->snap_table || off < t + FZ_SNAP_HDR ||
+        off - t >= fz_snap_table_used(im)) {
+        return -1;
+    }
+    off -= t + FZ_SNAP_HDR;
+    if (off % EXTREE_SNAP_ENTRY_SIZE + len > EXTREE_SNAP_ENTRY_SIZE) {
+        return -1;
+    }
+    return off / EXTREE_SNAP_ENTRY_SIZE;
+}
+
+/* Does [off, off + len) lie in the snapshot table (header or entries)? */
+static inline bool fz_in_snap_table(const FzImage *im, uint64_t off,
+                                    uint64_t len)
+{
+    return im->snap_table && off >= im->snap_table &&
+           off - im->snap_table < fz_snap_table_used(im) &&
+           len <= fz_snap_table_used(im) - (off - im->snap_table);
+}
+
+/* The table's checksum: crc32c of header and entries, csum field zero */
+static inline void fz_snap_table_fix_csum(uint8_t *buf, size_t len,
+                                          const FzImage *im)
+{
+    uint64_t t = im->snap_table, used = fz_snap_table_used(im);
+    uint8_t zero[4] = { 0 };
+    uint32_t c;
+
+    if (!t || t > len || len - t < used) {
+        return;
+    }
+    c = extree_crc32c(0, buf + t, 4);
+    c = extree_crc32c(c, zero, 4);
+    c = extree_crc32c(c, buf + t + 8, used - 8);
+    ext_st32(buf + t + 4, c);
 }
 
 /* Store a node's checksum: crc32c of bytes 4 .. node_size - 1 at 0 */

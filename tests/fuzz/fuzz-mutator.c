@@ -5,10 +5,15 @@
  * roots), edits one field of a node or a superblock - keys, lengths, host
  * offsets, types, child pointers, generations and child_bytes, nritems,
  * levels, owners, superblock geometry, roots, generation, extent_count,
- * extent_bytes, free_bytes, host_end, features, backing file name bytes -
- * or moves items around, and stores the crc32c again (nodes: of bytes 4
+ * extent_bytes, free_bytes, host_end, features, backing file name bytes,
+ * the reference count tree's root, the snapshot table's offset and count,
+ * snap_generation; with snapshots, also the nodes of the reference count
+ * tree and of the snapshots' trees, and the fields of the snapshot table
+ * (root, generation, virtual size, counts, id and name) - or moves items
+ * around, and stores the crc32c again (nodes: of bytes 4
  * .. node_size - 1 at 0; superblocks: of the slot with bytes 16..19
- * zeroed) so that the edit reaches the semantic checks.  Each edit is recorded in
+ * zeroed; the snapshot table: of header and entries, its field zeroed)
+ * so that the edit reaches the semantic checks.  Each edit is recorded in
  * the input's trailer (fuzz-input.h) for the target's oracle.  Edits keep
  * to one node most of the time: that is the case the oracle judges.
  *
@@ -35,6 +40,7 @@ typedef struct Mut {
     size_t rec_bytes;           /* serialized size of recs */
     uint64_t touched_sb;        /* bit per slot: checksum to fix */
     int touched_node;           /* index into im->nodes, -1 none */
+    bool touched_table;         /* the snapshot table: checksum to fix */
     bool keep_csum;
 } Mut;
 
@@ -395,6 +401,13 @@ static void mutate_super(Mut *m)
         { 20, 4 },      /* reserved0 */
         { 148, 4 },     /* reserved1 */
         { 101, 1 },     /* root reserved bytes */
+        { 160, 8 },     /* ref_root */
+        { 168, 8 },
+        { 176, 1 },
+        { 184, 8 },     /* snap_table_offset */
+        { 192, 4 },     /* snap_count */
+        { 200, 8 },     /* snap_generation */
+        { 200, 8 },
     };
     int k = below(m, G_N_ELEMENTS(f) + 3);
     int slot = m->im->slot, both = below(m, 4) == 0;
@@ -429,7 +442,12 @@ static void mutate_super(Mut *m)
         } else if (off == 24 && below(m, 2)) {
             /* a generation about to wrap */
             v = UINT64_MAX - below(m, 3);
-        } else if ((off == 80 || off == 104) && m->im->nnodes &&
+        } else if (off == 200 && below(m, 2)) {
+            /* below a snapshot's generation (issue 38 point 1) */
+            v = below(m, 2) || !m->im->nsnaps ? below(m, 3) :
+                m->im->snaps[below(m, m->im->nsnaps)].gen - below(m, 2);
+        } else if ((off == 80 || off == 104 || off == 160) &&
+                   m->im->nnodes &&
                    below(m, 2)) {
             /* the root moved to another node, with its generation */
             const FzNode *o = any_node(m);
@@ -448,6 +466,79 @@ static void mutate_super(Mut *m)
     }
 }
 
+/* ---- the snapshot table ---- */
+
+/*
+ * One field of one entry (root, generation, sizes, counts, id and name)
+ * or of the header; the table's checksum is fixed afterwards
+ */
+static void mutate_snap_table(Mut *m)
+{
+    static const struct { int off, width; } f[] = {
+        { 0, 8 },       /* root: bytenr, generation, level */
+        { 0, 8 },
+        { 8, 8 },
+        { 16, 1 },
+        { 24, 8 },      /* generation */
+        { 32, 8 },      /* virtual_size */
+        { 32, 8 },
+        { 40, 8 },      /* extent_count */
+        { 48, 8 },      /* extent_bytes */
+        { 80, 8 },      /* vm_state_size */
+        { 96, 2 },      /* id_len */
+        { 98, 2 },      /* name_len */
+        { 64, 4 },      /* date_nsec */
+        { 100, 1 },     /* reserved */
+    };
+    const FzImage *im = m->im;
+    int i = below(m, im->nsnaps), k = below(m, G_N_ELEMENTS(f) + 3);
+    uint64_t e = fz_snap_entry(im, i), off, cur, v;
+    int width;
+
+    m->touched_table = true;
+    if (k == G_N_ELEMENTS(f)) {
+        /* a header field: count, entry size, magic */
+        static const int h[] = { 8, 12, 0 };
+        off = im->snap_table + h[below(m, 3)];
+        edit_le(m, off, new_value(m, load_le(m, off, 4), 4), 4);
+        return;
+    }
+    if (k > (int)G_N_ELEMENTS(f)) {
+        /* a byte of the id or the name, or just past it */
+        uint64_t base = e + (below(m, 2) ? 128 : 256);
+        uint16_t l = load_le(m, base == e + 128 ? e + 96 : e + 98, 2);
+
+        uint64_t pos = l ? l - 1 + below(m, 3) : below(m, 2);
+
+        off = base + MIN(pos, base == e + 128 ? 127u : 255u);
+        edit_le(m, off, below(m, 2) ? 0 : 1 + below(m, 255), 1);
+        return;
+    }
+    off = e + f[k].off;
+    width = f[k].width;
+    cur = load_le(m, off, width);
+    if (f[k].off == 0 && below(m, 2)) {
+        /*
+         * The root moved to another node with its generation and level
+         * (issue 38 point 2: to one of the tree's own nodes)
+         */
+        const FzNode *o = any_node(m);
+        edit_le(m, e + 8, o->gen, 8);
+        edit_le(m, e + 16, o->level, 1);
+        v = o->bytenr;
+    } else if (f[k].off == 32 && below(m, 2)) {
+        /* smaller or larger by a few blocks (issue 38 point 3) */
+        int64_t d = (int64_t)(1 + below(m, 8)) * im->bs;
+        v = below(m, 2) ? cur - d : cur + d;
+    } else if (f[k].off == 24 && below(m, 2)) {
+        /* at or above snap_generation (issue 38 point 1) */
+        v = im->snap_gen + below(m, 3) - 1;
+    } else {
+        v = new_value(m, cur, width);
+    }
+    edit_le(m, off, v, width);
+}
+
 /* ---- the mutator ---- */
 
 static void fix_checksums(Mut *m)
@@ -464,6 +555,15 @@ static void fix_checksums(Mut *m)
             fz_sb_fix_csum(sb);
             edit(m, s * EXTREE_SB_SIZE + 16, sb + 16, 4);
         }
+    }
+    if (m->touched_table &&
+        m->im->snap_table + fz_snap_table_used(m->im) <= m->len) {
+        uint64_t t = m->im->snap_table;
+        uint8_t *tab = g_memdup2(m->img, t + fz_snap_table_used(m->im));
+
+        fz_snap_table_fix_csum(tab, t + fz_snap_table_used(m->im), m->im);
+        edit(m, t + 4, tab + t + 4, 4);
+        g_free(tab);
     }
     if (m->touched_node >= 0) {
         uint64_t b = m->im->nodes[m->touched_node].bytenr;
@@ -570,8 +670,13 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size,
         if (node < 0 || below(&m, 4) == 0) {
             node = below(&m, im.nnodes);
         }
+        /* with snapshots: edits of the table one time in eight */
+        bool table = im.nsnaps && below(&m, 8) == 0;
+
         for (int i = 0; i < rounds; i++) {
-            if (below(&m, 8) == 0) {
+            if (table) {
+                mutate_snap_table(&m);
+            } else if (below(&m, 8) == 0) {
                 mutate_super(&m);
             } else {
                 mutate_node(&m, node);

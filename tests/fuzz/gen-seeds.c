@@ -26,6 +26,12 @@ typedef struct Gen {
     Extree *t;
     uint32_t bs;
     uint64_t rng;
+    /*
+     * Data sectors hold 16 random bytes and zeroes: as distinct to the
+     * oracle (a crc32c per sector), and inputs made from the image
+     * compress (the snapshot seeds: their corpus is large)
+     */
+    bool tagged;
 } Gen;
 
 static uint64_t gen_rand(Gen *g)
@@ -65,6 +71,7 @@ static void gen_start(Gen *g, uint64_t vsize, uint32_t bs, uint32_t ns,
     g->be = extree_mem_backend_new();
     g->bs = bs;
     g->rng = seed;
+    g->tagged = false;
     if (extree_create(g->be, &p, &err) < 0) {
         fprintf(stderr, "gen-seeds: create: %s\n", err);
         exit(1);
@@ -83,9 +90,11 @@ static void gen_write(Gen *g, uint64_t blk, uint64_t blocks)
 
         must(extree_alloc_data(g->t, guest, bytes, &host, &got),
              "alloc_data");
-        buf = g_malloc(got);
+        buf = g_malloc0(got);
         for (uint64_t i = 0; i < got; i += 8) {
-            ext_st64(buf + i, gen_rand(g));
+            if (!g->tagged || i % 512 < 16) {
+                ext_st64(buf + i, gen_rand(g));
+            }
         }
         must(g->be->ops->pwrite(g->be->opaque, host, buf, got), "pwrite");
         g_free(buf);
@@ -134,6 +143,30 @@ static void wipe_free_space(uint8_t *buf, size_t len)
     g_free(im);
 }
 
+/* Nodes of each tree and snapshots, with snapshots */
+static void print_trees(const uint8_t *buf, size_t len)
+{
+    FzImage *im = g_new(FzImage, 1);
+    int refs = 0, snap_only = 0;
+
+    fz_image_parse(im, buf, len);
+    if (im->snap_count) {
+        for (int i = 0; i < im->nnodes; i++) {
+            refs += im->nodes[i].owner == EXTREE_TREE_REFS;
+        }
+        /* fz_image_parse adds the snapshots' unshared nodes last */
+        for (int i = 0; i < im->nnodes; i++) {
+            if (im->nodes[i].owner == EXTREE_TREE_REFS) {
+                snap_only = im->nnodes - i - 1;
+            }
+        }
+        printf("%u snapshots, %d reference count nodes, %d nodes of "
+               "snapshots only, ", im->snap_count, refs,
+               im->nsnaps ? snap_only : 0);
+    }
+    g_free(im);
+}
+
 /* Commit, close, check the image is clean and write it to DIR/NAME */
 static void gen_finish(Gen *g, const char *dir, const char *name,
                        unsigned want_depth)
@@ -161,6 +194,7 @@ static void gen_finish(Gen *g, const char *dir, const char *name,
     buf = g_malloc(len);
     must(g->be->ops->pread(g->be->opaque, 0, buf, len), "pread");
     wipe_free_space(buf, len);
+    print_trees(buf, len);
     path = g_build_filename(dir, name, NULL);
     if (!g_file_set_contents(path, (char *)buf, len, &gerr)) {
         fprintf(stderr, "gen-seeds: %s\n", gerr->message);
@@ -253,39 +287,45 @@ static void seed_free_tree(const char *dir)
  * space of the punched ones, and 2 MiB of data written and punched at the
  * end make the free tail long enough (1 MiB) for commit to cut it.
  */
-static void seed_three_levels(const char *dir)
+static void build_three_levels(Gen *g, uint64_t seed)
 {
     uint64_t per_leaf = EXTREE_LEAF_CAPACITY(4096);
     uint64_t items = per_leaf * EXTREE_INTERIOR_CAPACITY(4096) + 1;
     uint64_t hole = 31 * per_leaf * 2, hole_len = (126 - 31) * per_leaf * 2;
-    Gen g;
 
-    gen_start(&g, 16 << 20, 512, 4096, NULL, 5);
+    gen_start(g, 16 << 20, 512, 4096, NULL, seed);
     for (uint64_t i = 0; i < items; i++) {
         if (i % 512 == 0) {
-            gen_write(&g, i * 2, 1);
+            gen_write(g, i * 2, 1);
         } else {
-            gen_zero(&g, i * 2, 1);
+            gen_zero(g, i * 2, 1);
         }
     }
-    gen_commit(&g);
-    gen_punch(&g, hole, hole_len);
-    gen_commit(&g);
+    gen_commit(g);
+    gen_punch(g, hole, hole_len);
+    gen_commit(g);
     /*
      * Rewrite an item of every leaf: each leaf is copied, with its
      * parents, to the lowest freed node space; a few rounds pack them
      */
     for (int round = 0; round < 6; round++) {
         for (uint64_t i = 0; i < 31; i++) {
-            gen_zero(&g, i * per_leaf * 2 + 1 + round * 2, 1);
+            gen_zero(g, i * per_leaf * 2 + 1 + round * 2, 1);
         }
-        gen_zero(&g, 126 * per_leaf * 2 + 1 + round * 2, 1);
-        gen_commit(&g);
+        gen_zero(g, 126 * per_leaf * 2 + 1 + round * 2, 1);
+        gen_commit(g);
     }
-    gen_write(&g, hole, 4096);
-    gen_commit(&g);
-    gen_punch(&g, hole, 4096);
-    gen_commit(&g);
+    gen_write(g, hole, 4096);
+    gen_commit(g);
+    gen_punch(g, hole, 4096);
+    gen_commit(g);
+}
+
+static void seed_three_levels(const char *dir)
+{
+    Gen g;
+
+    build_three_levels(&g, 5);
     gen_zero(&g, 3, 1);
     gen_finish(&g, dir, "three-levels-512.img", 3);
 }
@@ -302,6 +342,7 @@ static void seed_snapshots(const char *dir)
     Gen g;
 
     gen_start(&g, 4 << 20, 512, 4096, NULL, 6);
+    g.tagged = true;
     for (int i = 0; i < 300; i++) {
         if (i % 3 == 0) {
             gen_write(&g, i * 3, 1 + i % 2);
@@ -334,6 +375,106 @@ static void seed_snapshots(const char *dir)
     gen_finish(&g, dir, "snapshots-512.img", 2);
 }
 
+/*
+ * A snapshot named @name of the state committed now, with @vmstate bytes
+ * of VM state (written first, at an unaligned length: it ends inside a
+ * block)
+ */
+static void gen_snapshot(Gen *g, const char *name, size_t vmstate)
+{
+    ExtreeSnapshotInfo info = { .icount = UINT64_MAX };
+
+    if (vmstate) {
+        uint8_t *state = g_malloc(vmstate);
+
+        for (size_t i = 0; i < vmstate; i++) {
+            state[i] = gen_rand(g);
+        }
+        must(extree_vmstate_write(g->t, 0, state, vmstate), "vmstate");
+        g_free(state);
+        info.vm_state_size = vmstate;
+    }
+    g_strlcpy(info.name, name, sizeof(info.name));
+    info.date_sec = 1700000000 + gen_rand(g) % 1000000;
+    must(extree_snapshot_create(g->t, &info), "snapshot create");
+}
+
+/*
+ * Three levels shared at every level by three snapshots: the first taken
+ * of the whole tree (with VM state); then leaves of the left subtree
+ * rewritten (the root, one level-1 node and those leaves copied, the
+ * rest shared), the second taken; then a leaf of the right subtree
+ * rewritten, the image grown to 20 MiB and written in the new range, the
+ * third taken (a larger virtual size, with VM state); the live image
+ * shrunk to 18 MiB
+ */
+static void seed_snap_levels(const char *dir)
+{
+    uint64_t per_leaf = EXTREE_LEAF_CAPACITY(4096);
+    Gen g;
+
+    build_three_levels(&g, 7);
+    g.tagged = true;
+    gen_snapshot(&g, "whole", 5000);
+    for (int i = 0; i < 4; i++) {
+        gen_write(&g, i * 7 * per_leaf * 2 + 5, 2);
+    }
+    gen_commit(&g);
+    gen_snapshot(&g, "left", 0);
+    gen_write(&g, 126 * per_leaf * 2 + 9, 1);
+    must(extree_set_virtual_size(g.t, 20 << 20), "grow");
+    gen_write(&g, (16 << 20) / 512 + 100, 3);
+    gen_write(&g, (19 << 20) / 512 + 7, 2);
+    gen_commit(&g);
+    gen_snapshot(&g, "large", 700);
+    must(extree_set_virtual_size(g.t, 18 << 20), "shrink");
+    gen_zero(&g, 3, 1);
+    gen_finish(&g, dir, "snap-levels-512.img", 3);
+}
+
+/*
+ * A reference count tree of more than one leaf: 300 DATA blocks every
+ * third guest block, shared by a snapshot, every leaf copied by a write,
+ * then every other block overwritten: the counts of 2 left alternate
+ * with blocks of one reference, 150 separate items.  Four snapshots in
+ * all, of 2, 4, 4 and 3 MiB (taken around a grow and a shrink), two with
+ * VM state, one deleted between them; the live image at 3 MiB.
+ */
+static void seed_snap_refs(const char *dir)
+{
+    Gen g;
+
+    gen_start(&g, 2 << 20, 512, 4096, NULL, 8);
+    g.tagged = true;
+    for (int i = 0; i < 300; i++) {
+        gen_write(&g, i * 3, 1);
+        gen_zero(&g, i * 3 + 1, 1);
+    }
+    gen_commit(&g);
+    gen_snapshot(&g, "two-mib", 1500);
+    for (int i = 0; i < 300; i += 2) {
+        gen_write(&g, i * 3, 1);
+    }
+    gen_commit(&g);
+    must(extree_set_virtual_size(g.t, 4 << 20), "grow");
+    gen_write(&g, 5000, 40);
+    gen_commit(&g);
+    gen_snapshot(&g, "four-mib", 0);
+    gen_snapshot(&g, "doomed", 0);
+    for (int i = 1; i < 300; i += 4) {
+        gen_write(&g, i * 3, 1);
+    }
+    gen_commit(&g);
+    gen_snapshot(&g, "four-mib-2", 2600);
+    must(extree_snapshot_delete(g.t, 2), "snapshot delete");
+    must(extree_set_virtual_size(g.t, 3 << 20), "shrink");
+    gen_commit(&g);
+    gen_snapshot(&g, "three-mib", 0);
+    gen_write(&g, 7, 2);
+    gen_punch(&g, 30, 6);
+    gen_finish(&g, dir, "snap-refs-512.img", 2);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -347,5 +488,7 @@ int main(int argc, char **argv)
     seed_free_tree(argv[1]);
     seed_three_levels(argv[1]);
     seed_snapshots(argv[1]);
+    seed_snap_levels(argv[1]);
+    seed_snap_refs(argv[1]);
     return 0;
 }
