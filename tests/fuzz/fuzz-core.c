@@ -86,10 +86,11 @@
  * describe) - is judged like an edit that may mislead the allocator:
  * reads before any update must still be right, but after the target's
  * updates, revert and delete only a clean failure or success without a
- * crash is asked.  Set it to false to judge them in full once the core
- * verifies before it frees.
+ * crash is asked.  False since the core verifies before it frees (a
+ * drop checks the roots that stay, an in-place write the snapshots):
+ * such edits are judged in full.
  */
-#define FZ_REFS_MAY_LIE true
+#define FZ_REFS_MAY_LIE false
 
 typedef struct FzRef FzRef;
 
