@@ -174,6 +174,10 @@ static int node_shared(Extree *t, ExtreeTree *tree, const ExtreeNode *n,
 
     if (tree->shared && node_gen(n) < t->snap_gen) {
         ret = t->sm.ops->ref_count(t->sm.opaque, n->bytenr, &count);
+        /* about to be freed: a count that lies must not free it */
+        if (ret == 0 && count == 1 && tree->verify_unshared) {
+            ret = tree->verify_unshared(t, (ExtreeNode *)n);
+        }
     }
     *shared = count > 1;
     return ret;

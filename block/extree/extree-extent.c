@@ -51,9 +51,31 @@ typedef struct ReleaseCtx {
     const ExtreeItem *keep;
 } ReleaseCtx;
 
+static int snapshots_use(Extree *t, uint64_t guest, uint64_t bytes,
+                         uint64_t host);
+static bool refs_all_shared(Extree *t, uint64_t start, uint64_t len);
+
 static int drop_data(Extree *t, uint64_t start, uint64_t len)
 {
     return t->sm.ops->dec_ref(t->sm.opaque, start, len, false);
+}
+
+/*
+ * The live tree lets go of DATA [host, + len) it mapped at @guest: blocks
+ * whose count says 1 are freed, so no snapshot may map them there
+ * (snapshots_use()); counts of 2 and more are only lowered
+ */
+static int drop_live_data(Extree *t, uint64_t guest, uint64_t host,
+                          uint64_t len)
+{
+    if (t->snaps && t->snaps->len && !refs_all_shared(t, host, len)) {
+        int ret = snapshots_use(t, guest, len, host);
+
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    return drop_data(t, host, len);
 }
 
 /*
@@ -77,15 +99,16 @@ static int release_space(void *opaque, const ExtreeItem *old)
         ke = keep->host + keep->length;
         if (ks < he && hs < ke) {
             if (hs < ks) {
-                ret = drop_data(rc->t, hs, ks - hs);
+                ret = drop_live_data(rc->t, old->key, hs, ks - hs);
             }
             if (ret == 0 && ke < he) {
-                ret = drop_data(rc->t, ke, he - ke);
+                ret = drop_live_data(rc->t, old->key + (ke - hs), ke,
+                                     he - ke);
             }
             return ret;
         }
     }
-    return drop_data(rc->t, hs, he - hs);
+    return drop_live_data(rc->t, old->key, hs, he - hs);
 }
 
 /*
@@ -277,11 +300,27 @@ int extree_probe_leaf_shared(Extree *t, ExtreeProbe *pr,
     return 0;
 }
 
+/* Every block of host [start, start + len) has a count of 2 or more */
+static bool refs_all_shared(Extree *t, uint64_t start, uint64_t len)
+{
+    uint64_t pos = start, end = start + len;
+    ExtreeRefRange r;
+
+    while (pos < end) {
+        if (!extree_refs_next(t, pos, end, &r) || r.start > pos) {
+            return false;
+        }
+        pos = r.start + r.len;
+    }
+    return true;
+}
+
 /*
- * Does a snapshot map guest [guest, guest + bytes) to @host, which the
- * counts say the live tree alone uses?  A count recorded too low
- * (corruption) would let a write change the snapshot's data in place.
- * A descent per snapshot, through cached nodes mostly.
+ * Before the live tree changes DATA [host, + bytes) at guest @guest in
+ * place, or lets it go (a new mapping replaces it): a snapshot that maps
+ * the same host bytes there needs a count of 2 or more on them, or the
+ * count lied (corruption) and the change would alter or free the
+ * snapshot's data.  A descent per snapshot, through cached nodes mostly.
  */
 static int snapshots_use(Extree *t, uint64_t guest, uint64_t bytes,
                          uint64_t host)
@@ -292,20 +331,59 @@ static int snapshots_use(Extree *t, uint64_t guest, uint64_t bytes,
         const ExtreeSnap *sn = &g_array_index(t->snaps, ExtreeSnap, i);
         ExtreeTree tree;
         ExtreeProbe pr = { .tree = &tree };
-        uint64_t found, flen;
+        uint64_t pos = guest, end = guest + bytes, found, flen;
 
         extree_snap_tree(t, sn, &tree);
-        ret = extree_probe_same_data(t, &pr, guest, bytes, host, &found,
-                                     &flen);
-        extree_probe_release(t, &pr);
-        if (ret == 0 && flen) {
-            ret = extree_corrupt(t, host + (found - guest), "corrupt "
-                                 "reference count tree: host range at "
-                                 "offset 0x%" PRIx64 " length 0x%" PRIx64
-                                 " has 1 reference, snapshot '%s' maps it "
-                                 "too", host + (found - guest), flen,
-                                 sn->id);
+        while (ret == 0 && pos < end) {
+            ret = extree_probe_same_data(t, &pr, pos, end - pos,
+                                         host + (pos - guest), &found,
+                                         &flen);
+            if (ret < 0 || !flen) {
+                break;
+            }
+            if (!refs_all_shared(t, host + (found - guest), flen)) {
+                ret = extree_corrupt(t, host + (found - guest), "corrupt "
+                                     "reference count tree: host range at "
+                                     "offset 0x%" PRIx64 " length 0x%" PRIx64
+                                     " has 1 reference, snapshot '%s' maps "
+                                     "it too", host + (found - guest), flen,
+                                     sn->id);
+            }
+            pos = found + flen;
         }
+        extree_probe_release(t, &pr);
+    }
+    return ret;
+}
+
+/*
+ * ExtreeTree.verify_unshared of the live tree: a copy is about to free
+ * node @n, older than snap_gen, whose count says 1.  No snapshot may
+ * reach it (one probe per snapshot at its first key and level).
+ */
+int extree_extent_node_unshared(Extree *t, ExtreeNode *n)
+{
+    int ret = 0;
+
+    for (unsigned i = 0; t->snaps && i < t->snaps->len && ret == 0; i++) {
+        const ExtreeSnap *sn = &g_array_index(t->snaps, ExtreeSnap, i);
+        ExtreeTree tree;
+        ExtreeProbe pr = { .tree = &tree };
+        ExtreeNode *m = NULL;
+
+        extree_snap_tree(t, sn, &tree);
+        if (sn->root == n->bytenr) {
+            m = n;
+        } else if (node_nritems(n)) {
+            ret = extree_bt_probe(t, &pr, node_key(n, 0), node_level(n), &m);
+        }
+        if (ret == 0 && m && m->bytenr == n->bytenr) {
+            ret = extree_corrupt(t, n->bytenr, "corrupt reference count "
+                                 "tree: extent tree node at offset 0x%"
+                                 PRIx64 " has 1 reference, snapshot '%s' "
+                                 "reaches it too", n->bytenr, sn->id);
+        }
+        extree_probe_release(t, &pr);
     }
     return ret;
 }

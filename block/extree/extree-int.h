@@ -270,6 +270,13 @@ typedef struct ExtreeSpaceMap {
  */
 typedef int ExtreeShareFn(Extree *t, const ExtreeItem *it);
 
+/*
+ * A node older than snap_gen whose count says 1 is about to be freed by a
+ * copy: 0 if no other root reaches it, else -EIO (the count lied), see
+ * ExtreeTree.verify_unshared
+ */
+typedef int ExtreeVerifyFn(Extree *t, struct ExtreeNode *n);
+
 /* One tree: extent, free or reference counts */
 typedef struct ExtreeTree {
     uint32_t owner;             /* EXTREE_TREE_* */
@@ -280,6 +287,8 @@ typedef struct ExtreeTree {
      */
     bool shared;
     ExtreeShareFn *share_item;
+    /* the live extent tree's: the other roots are probed (extree-extent.c) */
+    ExtreeVerifyFn *verify_unshared;
     uint64_t root;              /* bytenr */
     uint64_t root_gen;
     unsigned level;             /* of the root */
@@ -836,6 +845,7 @@ void extree_sm_commit_done(ExtreeSpace *sp, GArray *freed);
 int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
                          uint64_t bytes);
 int extree_extent_share(Extree *t, const ExtreeItem *it);
+int extree_extent_node_unshared(Extree *t, ExtreeNode *n);
 int extree_extent_release(void *opaque, const ExtreeItem *it);
 int extree_probe_same_data(Extree *t, ExtreeProbe *pr, uint64_t guest,
                            uint64_t len, uint64_t host, uint64_t *found,

@@ -341,6 +341,7 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
         t->snap_gen = sb[best].snap_gen;
     }
     t->trees[EXTREE_TREE_EXTENT].share_item = extree_extent_share;
+    t->trees[EXTREE_TREE_EXTENT].verify_unshared = extree_extent_node_unshared;
     t->trees[EXTREE_TREE_EXTENT].nitems = sb[best].extent_count;
     t->trees[EXTREE_TREE_FREE].total = sb[best].free_bytes;
     t->csb = g_new(ExtreeSuper, 1);

@@ -584,6 +584,43 @@ static void test_refs_low_write(void)
     extree_mem_backend_free(be);
 }
 
+/* A new mapping over DATA a lying count says only the live tree uses */
+static void test_refs_low_replace(void)
+{
+    ExtreeBackend *be = make_image();
+    Extree *t;
+
+    refs_remove(be, live_host(be, 1024));
+    t = ct_open(be);
+    corrupt_calls = 0;
+    extree_set_corrupt_handler(t, count_corrupt, NULL);
+    /* to new space, as a write the counts call shared would go */
+    g_assert_cmpint(extree_punch(t, 1024, BS), ==, -EIO);
+    g_assert_cmpint(corrupt_calls, ==, 1);
+    g_assert_nonnull(strstr(extree_last_error(t), "snapshot '1' maps it"));
+    extree_close(t);
+    refs_low_after(be);
+    extree_mem_backend_free(be);
+}
+
+/* A copy of a node a lying count says only the live tree uses */
+static void test_refs_low_cow(void)
+{
+    ExtreeBackend *be = make_image();
+    ExtreeDiskSuper sb;
+    Extree *t;
+
+    ct_read_super(be, &sb);
+    refs_remove(be, last_child(be, GUINT64_FROM_LE(sb.extent_root.bytenr)));
+    t = ct_open(be);
+    /* a write into the shared last leaf's range copies it */
+    g_assert_cmpint(extree_punch(t, 399 * 1024, BS), ==, -EIO);
+    g_assert_nonnull(strstr(extree_last_error(t), "reaches it too"));
+    extree_close(t);
+    refs_low_after(be);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -601,5 +638,7 @@ int main(int argc, char **argv)
                     test_refs_low_delete_node);
     g_test_add_func("/hostile-snap/refs-low-goto", test_refs_low_goto);
     g_test_add_func("/hostile-snap/refs-low-write", test_refs_low_write);
+    g_test_add_func("/hostile-snap/refs-low-replace", test_refs_low_replace);
+    g_test_add_func("/hostile-snap/refs-low-cow", test_refs_low_cow);
     return g_test_run();
 }
