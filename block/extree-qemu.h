@@ -1,8 +1,8 @@
 /*
  * extree: QEMU driver internals, shared by the driver's three files
  *
- * The image format lives in the QEMU-independent core behind block/extree/extree.h
- * (its functions are extree_*).  The QEMU driver is
+ * The image format lives in the QEMU-independent core behind
+ * block/extree/extree.h (its functions are extree_*).  The QEMU driver is
  *
  *   extree.c       the BlockDriver table, open/close/reopen, inactivate and
  *                  invalidate, create/measure/amend, info and check glue

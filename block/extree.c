@@ -2,10 +2,11 @@
  * extree: QEMU block driver glue
  *
  * The image format (a copy-on-write B+tree of extents, docs/interop/extree.rst)
- * lives in the QEMU-independent core behind block/extree/extree.h.  This file is
- * the BlockDriver table and the driver's life cycle: probe, open, close,
- * reopen, inactivate and invalidate, the commit timer, create, measure,
- * amend, info and the check glue; it turns the core's errors into QEMU's.
+ * lives in the QEMU-independent core behind block/extree/extree.h.  This
+ * file is the BlockDriver table and the driver's life cycle: probe, open,
+ * close, reopen, inactivate and invalidate, the commit timer, create,
+ * measure, amend, info and the check glue; it turns the core's errors into
+ * QEMU's.
  * Guest I/O and commits are in extree-io.c, the core's backend over
  * bs->file and grow-ahead in extree-file.c (block/extree-qemu.h).
  *

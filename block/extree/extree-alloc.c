@@ -109,16 +109,20 @@ static uint64_t resv_bytes(const Extree *t)
 
 uint64_t extree_alloc_free_bytes(const Extree *t)
 {
-    return t->space.avail.bytes + t->space.nfree.bytes + t->space.pending.bytes +
-           resv_bytes(t) + t->space.unloaded_bytes;
+    const ExtreeSpace *sp = &t->space;
+
+    return sp->avail.bytes + sp->nfree.bytes + sp->pending.bytes +
+           resv_bytes(t) + sp->unloaded_bytes;
 }
 
 static void log_op(Extree *t, uint64_t start, uint64_t len, bool is_free)
 {
-    if (t->space.alloc_partial && start < t->space.free_hi && start + len > t->space.free_lo) {
-        uint64_t s = MAX(start, t->space.free_lo);
+    ExtreeSpace *sp = &t->space;
 
-        extree_rs_union(&t->space.touched, s, MIN(start + len, t->space.free_hi) - s);
+    if (sp->alloc_partial && start < sp->free_hi && start + len > sp->free_lo) {
+        uint64_t s = MAX(start, sp->free_lo);
+
+        extree_rs_union(&sp->touched, s, MIN(start + len, sp->free_hi) - s);
     }
     if (t->space.oplog->len) {
         ExtreeAllocOp *last = &g_array_index(t->space.oplog, ExtreeAllocOp,
@@ -128,7 +132,8 @@ static void log_op(Extree *t, uint64_t start, uint64_t len, bool is_free)
             return;
         }
     }
-    g_array_append_val(t->space.oplog, ((ExtreeAllocOp){ start, len, is_free }));
+    g_array_append_val(t->space.oplog,
+                       ((ExtreeAllocOp){ start, len, is_free }));
 }
 
 /* Take [start, start + len) out of @set (avail or nfree) */
@@ -145,8 +150,9 @@ static void take(Extree *t, ExtreeRangeSet *set, uint64_t start,
  */
 static uint64_t grow_room(Extree *t, bool data)
 {
-    uint64_t limit = t->space.host_limit ? MIN(t->space.host_limit, (uint64_t)INT64_MAX)
-                                   : (uint64_t)INT64_MAX;
+    uint64_t limit = t->space.host_limit ?
+                     MIN(t->space.host_limit, (uint64_t)INT64_MAX) :
+                     (uint64_t)INT64_MAX;
     uint64_t room = limit > t->host_end ? limit - t->host_end : 0;
 
     if (data && t->space.host_limit) {
@@ -202,7 +208,8 @@ uint64_t extree_alloc_nodes_need(const Extree *t, uint64_t contig)
  */
 uint64_t extree_alloc_nodes_estimate(const Extree *t)
 {
-    uint64_t logged = t->space.oplog->len + (t->space.reflog ? t->space.reflog->len : 0);
+    uint64_t logged = t->space.oplog->len +
+                      (t->space.reflog ? t->space.reflog->len : 0);
     uint64_t levels = MAX(t->trees[EXTREE_TREE_FREE].level,
                           t->trees[EXTREE_TREE_REFS].level) + 2;
 
@@ -237,7 +244,8 @@ bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig)
 /* Do the sets hold a free range of @len bytes or more? */
 bool extree_alloc_fits(const Extree *t, uint64_t len)
 {
-    return MAX(extree_rs_longest(&t->space.avail), extree_rs_longest(&t->space.nfree)) >= len;
+    return MAX(extree_rs_longest(&t->space.avail),
+               extree_rs_longest(&t->space.nfree)) >= len;
 }
 
 /*
@@ -262,8 +270,8 @@ static int grow(Extree *t, uint64_t len, uint64_t *start)
 static void reserve_release(Extree *t)
 {
     if (resv_bytes(t)) {
-        extree_rs_add(t->space.resv_nfree ? &t->space.nfree : &t->space.avail, t->space.resv_start,
-               resv_bytes(t));
+        extree_rs_add(t->space.resv_nfree ? &t->space.nfree : &t->space.avail,
+                      t->space.resv_start, resv_bytes(t));
     }
     t->space.resv_start = t->space.resv_end = 0;
 }
@@ -495,7 +503,8 @@ int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
         set = &t->space.nfree;
         r = extree_rs_first_fit(set, bytes);
         if (!r) {
-            set = extree_rs_longest(&t->space.avail) >= extree_rs_longest(&t->space.nfree) ?
+            set = extree_rs_longest(&t->space.avail) >=
+                  extree_rs_longest(&t->space.nfree) ?
                   &t->space.avail : &t->space.nfree;
             r = extree_rs_first_fit(set, extree_rs_longest(set));
         }
@@ -568,7 +577,9 @@ static gint op_cmp(gconstpointer a, gconstpointer b)
 bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
                             uint64_t *fs, uint64_t *fe)
 {
-    ExtreeRangeSet *sets[3] = { &t->space.avail, &t->space.nfree, &t->space.pending };
+    ExtreeRangeSet *sets[3] = {
+        &t->space.avail, &t->space.nfree, &t->space.pending
+    };
     uint64_t s = UINT64_MAX, e = 0;
 
     for (int i = 0; i < 3; i++) {
@@ -653,14 +664,17 @@ void extree_alloc_commit_done(Extree *t, GArray *discard)
     extree_ranges_merge(t->space.freed_data);
     extree_ranges_merge(t->space.freed_nodes);
     for (guint i = 0; i < t->space.freed_data->len; i++) {
-        ExtreeAllocOp *op = &g_array_index(t->space.freed_data, ExtreeAllocOp, i);
+        ExtreeAllocOp *op = &g_array_index(t->space.freed_data,
+                                           ExtreeAllocOp, i);
         extree_rs_add(&t->space.avail, op->start, op->len);
     }
     for (guint i = 0; i < t->space.freed_nodes->len; i++) {
-        ExtreeAllocOp *op = &g_array_index(t->space.freed_nodes, ExtreeAllocOp, i);
+        ExtreeAllocOp *op = &g_array_index(t->space.freed_nodes,
+                                           ExtreeAllocOp, i);
         extree_rs_add(&t->space.nfree, op->start, op->len);
     }
-    g_array_append_vals(discard, t->space.freed_data->data, t->space.freed_data->len);
+    g_array_append_vals(discard, t->space.freed_data->data,
+                        t->space.freed_data->len);
     g_array_set_size(t->space.freed_data, 0);
 
     extree_alloc_deferred(t, discard);
@@ -712,7 +726,9 @@ static void discard_less_freed(Extree *t, uint64_t start, uint64_t end,
  */
 static uint64_t joined_len(Extree *t, const ExtreeRange *r)
 {
-    ExtreeRange *before = r->start ? extree_rs_floor(&t->space.avail, r->start - 1) : NULL;
+    ExtreeRange *before = r->start ?
+                          extree_rs_floor(&t->space.avail, r->start - 1) :
+                          NULL;
     ExtreeRange *after = extree_rs_after(&t->space.avail, r->start);
     uint64_t len = r->len;
 
@@ -741,11 +757,13 @@ void extree_alloc_deferred(Extree *t, GArray *discard)
     uint64_t done = 0;      /* end of the last range given */
 
     for (guint i = 0; i < t->space.discard_later->len; i++) {
-        ExtreeAllocOp *op = &g_array_index(t->space.discard_later, ExtreeAllocOp, i);
+        ExtreeAllocOp *op = &g_array_index(t->space.discard_later,
+                                           ExtreeAllocOp, i);
         uint64_t end = op->start + op->len;
         ExtreeRange *r = extree_rs_from(&t->space.nfree, MAX(op->start, done));
 
-        for (; r && r->start < end; r = extree_rs_after(&t->space.nfree, r->start)) {
+        for (; r && r->start < end;
+             r = extree_rs_after(&t->space.nfree, r->start)) {
             if (joined_len(t, r) >= MAX(t->node_size, EXT_DISCARD_NODES_MIN)) {
                 discard_less_freed(t, r->start, r->start + r->len, discard);
                 done = r->start + r->len;

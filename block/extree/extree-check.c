@@ -650,7 +650,8 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
         }
         return 0;
     }
-    if (c->ref_fixes->len && t->space.alloc_loaded && (fix & EXTREE_FIX_LEAKS)) {
+    if (c->ref_fixes->len && t->space.alloc_loaded &&
+        (fix & EXTREE_FIX_LEAKS)) {
         /*
          * The counts the walk found become the recorded ones: references
          * leaked with "-r leaks", missing ones (corruption) with "-r all"

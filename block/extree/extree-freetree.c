@@ -62,14 +62,16 @@ static void rest_begin(Extree *t)
 static void rest_flush(Extree *t, uint64_t pos)
 {
     for (;;) {
-        ExtreeRange *a = extree_rs_from(&t->space.rest_avail, t->space.rest_done);
-        ExtreeRange *n = extree_rs_from(&t->space.rest_nfree, t->space.rest_done);
+        ExtreeSpace *sp = &t->space;
+        ExtreeRange *a = extree_rs_from(&sp->rest_avail, sp->rest_done);
+        ExtreeRange *n = extree_rs_from(&sp->rest_nfree, sp->rest_done);
         ExtreeRange *r = a && (!n || a->start < n->start) ? a : n;
 
         if (!r || r->start >= pos) {
             return;
         }
-        extree_rs_append(r == a ? &t->space.avail : &t->space.nfree, r->start, r->len);
+        extree_rs_append(r == a ? &t->space.avail : &t->space.nfree,
+                         r->start, r->len);
         t->space.rest_done = r->start + r->len;
     }
 }
@@ -84,7 +86,8 @@ static void rest_flush(Extree *t, uint64_t pos)
  */
 static int add_unread(Extree *t, uint64_t start, uint64_t len, bool in_order)
 {
-    uint64_t pos = MAX(start, t->space.free_lo), end = MIN(start + len, t->space.free_hi);
+    uint64_t pos = MAX(start, t->space.free_lo);
+    uint64_t end = MIN(start + len, t->space.free_hi);
 
     while (pos < end) {
         ExtreeRange *r = extree_rs_from(&t->space.touched, pos);
@@ -376,7 +379,8 @@ int extree_freetree_load_fit(Extree *t, uint64_t len)
         return 0;
     }
     ret = extree_bt_leaves_with_bytes(t, &t->trees[EXTREE_TREE_FREE], len,
-                                      t->space.free_lo, t->space.free_hi, load_fit_leaf,
+                                      t->space.free_lo, t->space.free_hi,
+                                      load_fit_leaf,
                                       &len);
     if (ret < 0) {
         extree_alloc_set_loaded(t, false);

@@ -268,9 +268,10 @@ static int snap_root_check(Extree *t, const ExtreeSnap *sn)
  * A drop that verifies before it frees (docs/reliability.rst, "Reference
  * counts recorded too low"): the roots that stay are probed at every node
  * the drop frees (extree_bt_drop()'s guard), and each leaf it frees is
- * merged with their leaves of the same key range (drop_leaf()).  A root that maps what the counts say only the dropped tree
- * uses fails the drop with -EIO before anything it uses is freed: the
- * operation fails and the last commit stands.
+ * merged with their leaves of the same key range (drop_leaf()).  A root
+ * that maps what the counts say only the dropped tree uses fails the drop
+ * with -EIO before anything it uses is freed: the operation fails and the
+ * last commit stands.
  */
 typedef struct DropCtx {
     Extree *t;

@@ -89,8 +89,10 @@ static char *snap_decode(Extree *t, const uint8_t *p, ExtreeSnap *sn)
         nlen > EXTREE_SNAP_NAME_MAX ||
         memchr(p + SN_OFF(id), 0, ilen) ||
         memchr(p + SN_OFF(name), 0, nlen) ||
-        !extree_all_zero(p + SN_OFF(id) + ilen, EXTREE_SNAP_ID_MAX + 1 - ilen) ||
-        !extree_all_zero(p + SN_OFF(name) + nlen, EXTREE_SNAP_NAME_MAX + 1 - nlen)) {
+        !extree_all_zero(p + SN_OFF(id) + ilen,
+                         EXTREE_SNAP_ID_MAX + 1 - ilen) ||
+        !extree_all_zero(p + SN_OFF(name) + nlen,
+                         EXTREE_SNAP_NAME_MAX + 1 - nlen)) {
         return g_strdup_printf("bad id or name (lengths %u, %u)", ilen, nlen);
     }
     memcpy(sn->id, p + SN_OFF(id), ilen);

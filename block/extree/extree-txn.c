@@ -492,7 +492,8 @@ void extree_discard_deferred(Extree *t)
 {
     GArray *later;
 
-    if (t->read_only || t->broken || !t->space.alloc_loaded || extree_is_dirty(t)) {
+    if (t->read_only || t->broken || !t->space.alloc_loaded ||
+        extree_is_dirty(t)) {
         return;
     }
     later = g_array_new(false, false, sizeof(ExtreeAllocOp));
@@ -719,7 +720,8 @@ uint64_t extree_grow_bound_nodes(Extree *t, uint64_t contig)
 
 uint64_t extree_free_bytes(const Extree *t)
 {
-    return t->space.alloc_loaded ? extree_alloc_free_bytes(t) : t->csb->free_bytes;
+    return t->space.alloc_loaded ? extree_alloc_free_bytes(t) :
+                                   t->csb->free_bytes;
 }
 
 uint64_t extree_host_end(const Extree *t)

@@ -645,10 +645,12 @@ static void test_space_map(void)
         g_assert_cmpuint(c, ==, want);
     }
     /* back down: equal neighbours merge again */
-    g_assert_cmpint(sm->dec_ref(t->sm.opaque, host + 8 * BS, 4 * BS, false), ==, 0);
+    g_assert_cmpint(sm->dec_ref(t->sm.opaque, host + 8 * BS, 4 * BS, false),
+                    ==, 0);
     /* [4, 16) of 2 is one range again, and the root */
     g_assert_cmpuint(g_tree_nnodes(t->space.refs), ==, 2);
-    g_assert_cmpint(sm->dec_ref(t->sm.opaque, host + 4 * BS, 12 * BS, false), ==, 0);
+    g_assert_cmpint(sm->dec_ref(t->sm.opaque, host + 4 * BS, 12 * BS, false),
+                    ==, 0);
     g_assert_cmpuint(g_tree_nnodes(t->space.refs), ==, 1);
     /*
      * the last reference frees (pending, not allocatable before commit):
