@@ -354,7 +354,7 @@ int extree_sb_write_t(Extree *t, const ExtreeSuper *s)
  * is the error).  @skip describes the other slot if it is invalid.
  */
 int extree_sb_read(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
-                       char **errmsg, ExtreeSkipped *skip)
+                   char **errmsg, ExtreeSkipped *skip)
 {
     uint8_t *buf = g_malloc(2 * EXTREE_SB_SIZE);
     char *why[2] = { NULL, NULL };
