@@ -412,7 +412,12 @@ static void GRAPH_RDLOCK xt_do_close(BlockDriverState *bs)
     BDRVExtreeState *s = bs->opaque;
 
     extree_detach_aio_context(bs);
-    if (!s->inactive) {
+    /*
+     * A broken handle commits nothing more: the request that broke it has
+     * failed and said why (whether the commit timer tried again since is
+     * a matter of timing, so close does not repeat it)
+     */
+    if (!s->inactive && !(s->t && extree_is_broken(s->t))) {
         int ret = xt_commit_now(s);
         if (ret < 0) {
             error_report("extree: Could not commit metadata on close: %s",

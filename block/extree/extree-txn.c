@@ -464,6 +464,11 @@ bool extree_is_dirty(const Extree *t)
            (t->space.reflog && t->space.reflog->len > 0);
 }
 
+bool extree_is_broken(const Extree *t)
+{
+    return t->broken;
+}
+
 /*
  * After a commit: give the host file back what the commit freed.  Discard
  * the ranges that became free (old node locations included), and cut the

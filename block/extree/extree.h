@@ -183,6 +183,11 @@ void extree_close(Extree *t);
  */
 int extree_commit(Extree *t);
 bool extree_is_dirty(const Extree *t);
+/*
+ * A failed update left memory ahead of the last commit: nothing more is
+ * committed; reopen to go on (the failure was returned when it happened)
+ */
+bool extree_is_broken(const Extree *t);
 
 /*
  * Before a close with nothing dirty: the node space the last commit freed
