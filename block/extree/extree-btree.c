@@ -1278,30 +1278,39 @@ int extree_bt_probe(Extree *t, ExtreeProbe *pr, uint64_t key,
 }
 
 /*
+ * Does pr->tree reach the node @n?  A tree that holds @n holds it at its
+ * first key and level (its parent's key is that first key): one probe.
+ */
+int extree_bt_probe_reaches(Extree *t, ExtreeProbe *pr, ExtreeNode *n,
+                            bool *reaches)
+{
+    ExtreeNode *m = NULL;
+    int ret = 0;
+
+    if (pr->tree->root == n->bytenr) {
+        m = n;
+    } else if (node_nritems(n)) {
+        ret = extree_bt_probe(t, pr, node_key(n, 0), node_level(n), &m);
+    }
+    *reaches = ret == 0 && m && m->bytenr == n->bytenr;
+    return ret;
+}
+
+/*
  * Does a root of @guard reach the node @n (about to be freed)?  Then its
  * count was too low: corruption.  O(roots x depth) node lookups, about
  * one walk of the roots' nodes in the key range a drop covers.
  */
 static int guard_check(Extree *t, ExtreeDropGuard *guard, ExtreeNode *n)
 {
-    unsigned level = node_level(n);
-
     for (unsigned i = 0; guard && i < guard->nkeep; i++) {
-        ExtreeProbe *pr = &guard->keep[i];
-        ExtreeNode *m;
-        int ret;
+        bool reaches;
+        int ret = extree_bt_probe_reaches(t, &guard->keep[i], n, &reaches);
 
-        if (pr->tree->root == n->bytenr) {
-            m = n;
-        } else if (node_nritems(n)) {
-            ret = extree_bt_probe(t, pr, node_key(n, 0), level, &m);
-            if (ret < 0) {
-                return ret;
-            }
-        } else {
-            m = NULL;
+        if (ret < 0) {
+            return ret;
         }
-        if (m && m->bytenr == n->bytenr) {
+        if (reaches) {
             return extree_corrupt(t, n->bytenr, "corrupt reference count "
                                   "tree: extent tree node at offset 0x%"
                                   PRIx64 " has 1 reference, but another "

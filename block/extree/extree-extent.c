@@ -53,7 +53,6 @@ typedef struct ReleaseCtx {
 
 static int snapshots_use(Extree *t, uint64_t guest, uint64_t bytes,
                          uint64_t host);
-static bool refs_all_shared(Extree *t, uint64_t start, uint64_t len);
 
 static int drop_data(Extree *t, uint64_t start, uint64_t len)
 {
@@ -68,7 +67,7 @@ static int drop_data(Extree *t, uint64_t start, uint64_t len)
 static int drop_live_data(Extree *t, uint64_t guest, uint64_t host,
                           uint64_t len)
 {
-    if (t->snaps && t->snaps->len && !refs_all_shared(t, host, len)) {
+    if (t->snaps && t->snaps->len && !extree_refs_all_shared(t, host, len)) {
         int ret = snapshots_use(t, guest, len, host);
 
         if (ret < 0) {
@@ -300,21 +299,6 @@ int extree_probe_leaf_shared(Extree *t, ExtreeProbe *pr,
     return 0;
 }
 
-/* Every block of host [start, start + len) has a count of 2 or more */
-static bool refs_all_shared(Extree *t, uint64_t start, uint64_t len)
-{
-    uint64_t pos = start, end = start + len;
-    ExtreeRefRange r;
-
-    while (pos < end) {
-        if (!extree_refs_next(t, pos, end, &r) || r.start > pos) {
-            return false;
-        }
-        pos = r.start + r.len;
-    }
-    return true;
-}
-
 /*
  * Before the live tree changes DATA [host, + bytes) at guest @guest in
  * place, or lets it go (a new mapping replaces it): a snapshot that maps
@@ -341,7 +325,7 @@ static int snapshots_use(Extree *t, uint64_t guest, uint64_t bytes,
             if (ret < 0 || !flen) {
                 break;
             }
-            if (!refs_all_shared(t, host + (found - guest), flen)) {
+            if (!extree_refs_all_shared(t, host + (found - guest), flen)) {
                 ret = extree_corrupt(t, host + (found - guest), "corrupt "
                                      "reference count tree: host range at "
                                      "offset 0x%" PRIx64 " length 0x%" PRIx64
@@ -369,15 +353,11 @@ int extree_extent_node_unshared(Extree *t, ExtreeNode *n)
         const ExtreeSnap *sn = &g_array_index(t->snaps, ExtreeSnap, i);
         ExtreeTree tree;
         ExtreeProbe pr = { .tree = &tree };
-        ExtreeNode *m = NULL;
+        bool reaches;
 
         extree_snap_tree(t, sn, &tree);
-        if (sn->root == n->bytenr) {
-            m = n;
-        } else if (node_nritems(n)) {
-            ret = extree_bt_probe(t, &pr, node_key(n, 0), node_level(n), &m);
-        }
-        if (ret == 0 && m && m->bytenr == n->bytenr) {
+        ret = extree_bt_probe_reaches(t, &pr, n, &reaches);
+        if (ret == 0 && reaches) {
             ret = extree_corrupt(t, n->bytenr, "corrupt reference count "
                                  "tree: extent tree node at offset 0x%"
                                  PRIx64 " has 1 reference, snapshot '%s' "

@@ -741,6 +741,8 @@ typedef struct ExtreeProbe {
 int extree_bt_probe(Extree *t, ExtreeProbe *pr, uint64_t key,
                     unsigned level, ExtreeNode **out);
 void extree_probe_release(Extree *t, ExtreeProbe *pr);
+int extree_bt_probe_reaches(Extree *t, ExtreeProbe *pr, ExtreeNode *n,
+                            bool *reaches);
 /*
  * A drop's guard: the roots that stay.  Before a node is freed, each of
  * them is probed at the node's first key and level; one that reaches it
@@ -820,6 +822,7 @@ bool extree_refs_next(Extree *t, uint64_t pos, uint64_t end,
 GArray *extree_refs_steal_log(Extree *t);
 int extree_refs_set(Extree *t, uint64_t start, uint64_t len, uint32_t count);
 int extree_refs_inc(Extree *t, uint64_t start, uint64_t len);
+bool extree_refs_all_shared(Extree *t, uint64_t start, uint64_t len);
 int extree_refs_dec(Extree *t, uint64_t start, uint64_t len, bool node);
 
 /* extree-reftree.c: the reference count tree on disk */

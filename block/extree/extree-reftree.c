@@ -205,6 +205,21 @@ GArray *extree_refs_steal_log(Extree *t)
 }
 
 
+/* Every block of host [start, start + len) has a count of 2 or more */
+bool extree_refs_all_shared(Extree *t, uint64_t start, uint64_t len)
+{
+    uint64_t pos = start, end = start + len;
+    ExtreeRefRange r;
+
+    while (pos < end) {
+        if (!extree_refs_next(t, pos, end, &r) || r.start > pos) {
+            return false;
+        }
+        pos = r.start + r.len;
+    }
+    return true;
+}
+
 /*
  * One more reference to every block of [start, start + len), a used host
  * range (the space map checked it): counts of 2 and more go up, the others

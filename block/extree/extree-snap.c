@@ -315,27 +315,12 @@ static void keep_destroy(DropCtx *dc)
     g_free(dc->trees);
 }
 
-/* Every block of host [start, start + len) has a count of 2 or more */
-static bool refs_shared(Extree *t, uint64_t start, uint64_t len)
-{
-    uint64_t pos = start, end = start + len;
-    ExtreeRefRange r;
-
-    while (pos < end) {
-        if (!extree_refs_next(t, pos, end, &r) || r.start > pos) {
-            return false;
-        }
-        pos = r.start + r.len;
-    }
-    return true;
-}
-
 /* DATA a root that stays maps too: its count must keep it */
 static int shared_kept(void *opaque, uint64_t host, uint64_t len)
 {
     DropCtx *dc = opaque;
 
-    if (!refs_shared(dc->t, host, len)) {
+    if (!extree_refs_all_shared(dc->t, host, len)) {
         return extree_corrupt(dc->t, host, "corrupt reference count tree: "
                               "host range at offset 0x%" PRIx64 " length 0x%"
                               PRIx64 " has 1 reference, but another root "
