@@ -104,6 +104,26 @@ static inline void ct_check_clean(Extree *t, ExtreeCheckResult *res)
     g_ptr_array_free(r.msgs, true);
 }
 
+/* Corruption reports counted (extree_set_corrupt_handler()) */
+static G_GNUC_UNUSED int ct_corrupt_calls;
+
+static inline void ct_count_corrupt(void *opaque, uint64_t offset,
+                                    const char *msg)
+{
+    if (g_test_verbose()) {
+        g_printerr("corrupt at 0x%" PRIx64 ": %s\n", offset, msg);
+    }
+    ct_corrupt_calls++;
+}
+
+/* The run at guest @guest, one block long */
+static inline int ct_lookup1(Extree *t, uint64_t guest, ExtreeRun *run)
+{
+    int n = 0;
+
+    return extree_lookup(t, guest, extree_block_size(t), run, 1, &n);
+}
+
 /* ---- editing the image behind the core's back ---- */
 
 /* The valid superblock with the highest generation; returns its slot */

@@ -15,23 +15,6 @@
 #define VSIZE (4 * 1024 * 1024)
 #define NEXT 400            /* one-block extents at guest 0, 1k, 2k, ... */
 
-static int corrupt_calls;
-
-static void count_corrupt(void *opaque, uint64_t offset, const char *msg)
-{
-    if (g_test_verbose()) {
-        g_printerr("corrupt at 0x%" PRIx64 ": %s\n", offset, msg);
-    }
-    corrupt_calls++;
-}
-
-static int lookup1(Extree *t, uint64_t guest, ExtreeRun *run)
-{
-    int n = 0;
-
-    return extree_lookup(t, guest, BS, run, 1, &n);
-}
-
 /*
  * A two-level tree of 400 one-block extents, snapshot "s1" of it, then the
  * live tree's first leaf rewritten (block 0 to new space): the snapshot
@@ -135,7 +118,7 @@ static void test_snap_generation(void)
     open_opts(be, false, false, -EIO, "snap_generation 1 not above");
     /* reads do not depend on it */
     t = open_opts(be, true, false, 0, NULL);
-    g_assert_cmpint(lookup1(t, 1024, &run), ==, 0);
+    g_assert_cmpint(ct_lookup1(t, 1024, &run), ==, 0);
     g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
     extree_close(t);
 
@@ -155,7 +138,7 @@ static void test_snap_generation(void)
     /* repaired: the block the snapshot shares is shared again */
     t = ct_open(be);
     ct_check_clean(t, NULL);
-    g_assert_cmpint(lookup1(t, 1024, &run), ==, 0);
+    g_assert_cmpint(ct_lookup1(t, 1024, &run), ==, 0);
     g_assert_cmpint(extree_data_shared(t, 1024, BS, run.host, &shared), ==,
                     0);
     g_assert_true(shared);
@@ -199,10 +182,10 @@ static void snapshot_ops_fail(ExtreeBackend *be, const char *msg)
     Extree *t;
 
     t = open_opts(be, true, false, 0, NULL);
-    corrupt_calls = 0;
-    extree_set_corrupt_handler(t, count_corrupt, NULL);
+    ct_corrupt_calls = 0;
+    extree_set_corrupt_handler(t, ct_count_corrupt, NULL);
     g_assert_cmpint(extree_snapshot_load_tmp(t, 0), ==, -EIO);
-    g_assert_cmpint(corrupt_calls, ==, 1);
+    g_assert_cmpint(ct_corrupt_calls, ==, 1);
     g_assert_nonnull(strstr(extree_last_error(t), msg));
     extree_close(t);
 
@@ -215,7 +198,7 @@ static void snapshot_ops_fail(ExtreeBackend *be, const char *msg)
     t = ct_open(be);
     g_assert_cmpuint(extree_snapshot_count(t), ==, 1);
     for (int i = 0; i < NEXT; i++) {
-        g_assert_cmpint(lookup1(t, (uint64_t)i * 1024, &run), ==, 0);
+        g_assert_cmpint(ct_lookup1(t, (uint64_t)i * 1024, &run), ==, 0);
         g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
     }
     extree_close(t);
@@ -314,9 +297,9 @@ static void test_item_past_size(void)
     move_item(be, leaf, -1, 5 * 1024 * 1024);
 
     t = ct_open(be);
-    corrupt_calls = 0;
-    extree_set_corrupt_handler(t, count_corrupt, NULL);
-    g_assert_cmpint(lookup1(t, 399 * 1024, &run), ==, -EIO);
+    ct_corrupt_calls = 0;
+    extree_set_corrupt_handler(t, ct_count_corrupt, NULL);
+    g_assert_cmpint(ct_lookup1(t, 399 * 1024, &run), ==, -EIO);
     g_assert_nonnull(strstr(extree_last_error(t), "beyond the tree's "
                             "virtual size"));
     extree_close(t);
@@ -336,7 +319,7 @@ static void test_item_past_size(void)
 
     t = open_opts(be, true, false, 0, NULL);
     g_assert_cmpint(extree_snapshot_load_tmp(t, 0), ==, 0);
-    g_assert_cmpint(lookup1(t, 399 * 1024, &run), ==, -EIO);
+    g_assert_cmpint(ct_lookup1(t, 399 * 1024, &run), ==, -EIO);
     extree_close(t);
     g_ptr_array_free(r.msgs, true);
     extree_mem_backend_free(be);
@@ -383,11 +366,11 @@ static void test_item_past_size_cached(void)
      * stays cached; reverting to the snapshot makes the 2 MiB tree reach it
      */
     t = ct_open(be);
-    g_assert_cmpint(lookup1(t, 298 * 1024, &run), ==, 0);
+    g_assert_cmpint(ct_lookup1(t, 298 * 1024, &run), ==, 0);
     g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
     g_assert_cmpint(extree_snapshot_goto(t, 0), ==, 0);
     g_assert_cmpuint(extree_virtual_size(t), ==, 2 * 1024 * 1024);
-    g_assert_cmpint(lookup1(t, 298 * 1024, &run), ==, -EIO);
+    g_assert_cmpint(ct_lookup1(t, 298 * 1024, &run), ==, -EIO);
     g_assert_nonnull(strstr(extree_last_error(t), "beyond the tree's "
                             "virtual size"));
     extree_close(t);
@@ -478,7 +461,7 @@ static uint64_t live_host(ExtreeBackend *be, uint64_t guest)
     ExtreeRun run;
     uint64_t host;
 
-    g_assert_cmpint(lookup1(t, guest, &run), ==, 0);
+    g_assert_cmpint(ct_lookup1(t, guest, &run), ==, 0);
     g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
     host = run.host;
     extree_close(t);
@@ -512,7 +495,7 @@ static void refs_low_after(ExtreeBackend *be)
     g_assert_cmpint(extree_snapshot_delete(t, 0), ==, 0);
     ct_check_clean(t, NULL);
     for (int i = 0; i < NEXT; i++) {
-        g_assert_cmpint(lookup1(t, (uint64_t)i * 1024, &run), ==, 0);
+        g_assert_cmpint(ct_lookup1(t, (uint64_t)i * 1024, &run), ==, 0);
         g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
     }
     extree_close(t);
@@ -527,10 +510,10 @@ static void test_refs_low_delete_data(void)
     /* guest 1k: s1's old first leaf and the live copy share its data */
     refs_remove(be, live_host(be, 1024));
     t = ct_open(be);
-    corrupt_calls = 0;
-    extree_set_corrupt_handler(t, count_corrupt, NULL);
+    ct_corrupt_calls = 0;
+    extree_set_corrupt_handler(t, ct_count_corrupt, NULL);
     g_assert_cmpint(extree_snapshot_delete(t, 0), ==, -EIO);
-    g_assert_cmpint(corrupt_calls, ==, 1);
+    g_assert_cmpint(ct_corrupt_calls, ==, 1);
     g_assert_nonnull(strstr(extree_last_error(t), "another root maps it"));
     extree_close(t);
     refs_low_after(be);
@@ -592,11 +575,11 @@ static void test_refs_low_replace(void)
 
     refs_remove(be, live_host(be, 1024));
     t = ct_open(be);
-    corrupt_calls = 0;
-    extree_set_corrupt_handler(t, count_corrupt, NULL);
+    ct_corrupt_calls = 0;
+    extree_set_corrupt_handler(t, ct_count_corrupt, NULL);
     /* to new space, as a write the counts call shared would go */
     g_assert_cmpint(extree_punch(t, 1024, BS), ==, -EIO);
-    g_assert_cmpint(corrupt_calls, ==, 1);
+    g_assert_cmpint(ct_corrupt_calls, ==, 1);
     g_assert_nonnull(strstr(extree_last_error(t), "snapshot '1' maps it"));
     extree_close(t);
     refs_low_after(be);

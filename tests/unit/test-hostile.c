@@ -30,23 +30,6 @@ static ExtreeBackend *make_image(void)
     return be;
 }
 
-static int corrupt_calls;
-
-static void count_corrupt(void *opaque, uint64_t offset, const char *msg)
-{
-    if (g_test_verbose()) {
-        g_printerr("corrupt at 0x%" PRIx64 ": %s\n", offset, msg);
-    }
-    corrupt_calls++;
-}
-
-static int lookup1(Extree *t, uint64_t guest, ExtreeRun *run)
-{
-    int n = 0;
-
-    return extree_lookup(t, guest, BS, run, 1, &n);
-}
-
 /*
  * Item 0 of the root points at item 1's child.  Cold, the wrong parent is
  * caught by the first-key check on read; with the leaf cached under its
@@ -73,15 +56,15 @@ static void test_two_parents(void)
 
     for (int cached = 0; cached < 2; cached++) {
         t = ct_open_opts(be, cached == 1, 0, 0);
-        extree_set_corrupt_handler(t, count_corrupt, NULL);
-        corrupt_calls = 0;
+        extree_set_corrupt_handler(t, ct_count_corrupt, NULL);
+        ct_corrupt_calls = 0;
         if (cached) {
             /* item 1's range: guest 126k is its first extent */
-            g_assert_cmpint(lookup1(t, 126 * 1024, &run), ==, 0);
+            g_assert_cmpint(ct_lookup1(t, 126 * 1024, &run), ==, 0);
             g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
         }
-        g_assert_cmpint(lookup1(t, 0, &run), ==, -EIO);
-        g_assert_cmpint(corrupt_calls, ==, 1);
+        g_assert_cmpint(ct_lookup1(t, 0, &run), ==, -EIO);
+        g_assert_cmpint(ct_corrupt_calls, ==, 1);
         g_assert_nonnull(strstr(extree_last_error(t), "first key mismatch"));
         /* and a write there must not copy the shared leaf */
         if (!cached) {
@@ -90,7 +73,7 @@ static void test_two_parents(void)
                             -EIO);
         }
         /* the rightful range still reads */
-        g_assert_cmpint(lookup1(t, 127 * 1024, &run), ==, 0);
+        g_assert_cmpint(ct_lookup1(t, 127 * 1024, &run), ==, 0);
         g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
         extree_close(t);
     }
@@ -191,11 +174,11 @@ static void test_extent_count(void)
     set_super_u64(be, false, offsetof(ExtreeDiskSuper, extent_count), max);
     t = ct_open(be);
     gen = extree_generation(t);
-    extree_set_corrupt_handler(t, count_corrupt, NULL);
-    corrupt_calls = 0;
+    extree_set_corrupt_handler(t, ct_count_corrupt, NULL);
+    ct_corrupt_calls = 0;
     ct_write(t, 2 * 1024 * 1024 + 1024, BS);
     g_assert_cmpint(extree_commit(t), ==, -EIO);
-    g_assert_cmpint(corrupt_calls, ==, 1);
+    g_assert_cmpint(ct_corrupt_calls, ==, 1);
     g_assert_nonnull(strstr(extree_last_error(t), "bad extent_count"));
     extree_close(t);
 
@@ -262,12 +245,12 @@ static void test_new_node_over_live(void)
 
     extree_tree_expect(t, tree, &e);
     g_assert_cmpint(extree_node_get(t, tree->root, &e, &root), ==, 0);
-    extree_set_corrupt_handler(t, count_corrupt, NULL);
-    corrupt_calls = 0;
+    extree_set_corrupt_handler(t, ct_count_corrupt, NULL);
+    ct_corrupt_calls = 0;
     g_assert_cmpint(extree_node_new(t, tree->root, EXTREE_TREE_EXTENT, 0,
                                     &n), ==, -EIO);
     g_assert_null(n);
-    g_assert_cmpint(corrupt_calls, ==, 1);
+    g_assert_cmpint(ct_corrupt_calls, ==, 1);
     g_assert_nonnull(strstr(extree_last_error(t), "in use by a pinned"));
     g_assert_true(extree_node_cached(t, tree->root));
     extree_node_unref(t, root);
@@ -424,7 +407,7 @@ static void test_partial_double_free(void)
     g_assert_true(free_tree_partial(t));
     gen = extree_generation(t);
     for (uint64_t g = BS; g < (1 << 20); g += 2 * BS) {
-        g_assert_cmpint(lookup1(t, g, &run), ==, 0);
+        g_assert_cmpint(ct_lookup1(t, g, &run), ==, 0);
         if (run.type == EXTREE_RUN_DATA && run.host == live) {
             guest = g;
         }
@@ -437,7 +420,7 @@ static void test_partial_double_free(void)
 
     t = ct_open(be);
     g_assert_cmpuint(extree_generation(t), ==, gen);
-    g_assert_cmpint(lookup1(t, guest, &run), ==, 0);
+    g_assert_cmpint(ct_lookup1(t, guest, &run), ==, 0);
     g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
     g_assert_cmpuint(run.host, ==, live);
     /*
