@@ -15,7 +15,8 @@
 # qemu-system-x86_64,storage-daemon/qemu-storage-daemon,
 # tests/qemu-iotests/check}, build/qemu-version.txt, and
 # build/qemu/qemu-img-stock (qemu-img without extree's patches to
-# qemu-img.c, see scripts/build-qemu-img-stock.sh)
+# qemu-img.c, see scripts/build-qemu-img-stock.sh),
+# build/qemu/nbdkit-extree-plugin.so (the nbdkit plugin, when built)
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -142,6 +143,14 @@ tail -n 1 "$top/build/qemu-build.log"
 
 # --- 5. Firmware -------------------------------------------------------------
 "$top/scripts/firmware.sh" "$blddir"
+
+# --- 6. The nbdkit plugin, built by the core's meson (run as its `qemu`
+# target, which sets MESON_BUILD_ROOT), next to the QEMU binaries
+plugin=${MESON_BUILD_ROOT:-$top/build/core}/nbdkit/nbdkit-extree-plugin.so
+if [ -f "$plugin" ]; then
+    cp -p "$plugin" "$blddir/nbdkit-extree-plugin.so.tmp"
+    mv -f "$blddir/nbdkit-extree-plugin.so.tmp" "$blddir/nbdkit-extree-plugin.so"
+fi
 
 for f in qemu-img qemu-img-stock qemu-io qemu-nbd storage-daemon/qemu-storage-daemon \
          qemu-system-x86_64 tests/qemu-iotests/check; do

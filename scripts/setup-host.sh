@@ -110,7 +110,7 @@ pkgs=(
     socat file bc xz-utils e2fsprogs
     btrfs-progs xfsprogs
     clang-16 libclang-rt-16-dev llvm-16
-    libnbd-bin python3-libnbd nbdkit
+    libnbd-bin python3-libnbd nbdkit nbdkit-plugin-dev fio
 )
 missing=()
 for p in "${pkgs[@]}"; do
@@ -119,6 +119,20 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup-host: installing ${#missing[@]} packages (log: $log)"
     quiet $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" ||
+        die "apt-get install failed for: ${missing[*]}"
+fi
+
+# Debian's own QEMU, libguestfs and a kernel for its appliance: the nbdkit
+# plugin's tests use a distribution's binaries, not this project's.  Without
+# recommends (qemu-system-x86 would pull in a desktop's worth).
+stock=(qemu-utils qemu-system-x86 libguestfs-tools linux-image-amd64)
+missing=()
+for p in "${stock[@]}"; do
+    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup-host: installing ${#missing[@]} packages without recommends (log: $log)"
+    quiet $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
         die "apt-get install failed for: ${missing[*]}"
 fi
 
