@@ -12,6 +12,7 @@ docs/devel/extree.rst draws the same picture.  Exit status 1 on a violation.
 """
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -36,6 +37,9 @@ LAYERS = [
 ]
 # The core's top layer: the core lives in block/extree/, the driver in block/
 CORE_TOP = 'extree-check'
+# The nbdkit plugin (nbdkit/), bottom first, on top of the core's public
+# API alone: the functions block/extree/extree.h declares
+PLUGIN_LAYERS = ['extree-nbdkit-file', 'extree-nbdkit-io', 'extree-nbdkit']
 
 
 def rank_of(name):
@@ -66,6 +70,42 @@ def symbols(obj):
     return defined, used
 
 
+def public_api(top):
+    with open(os.path.join(top, 'block/extree/extree.h')) as f:
+        text = f.read()
+    return set(re.findall(r'\b(extree_\w+)\(', text))
+
+
+def check_plugin(top, objs, core_owner):
+    """The plugin's files call downwards, and only the core's public API"""
+    if not objs:
+        return 0
+    api = public_api(top)
+    files = {os.path.basename(o)[:-len('.c.o')]: symbols(o) for o in objs}
+    owner = {sym: name for name, (defined, _) in files.items()
+             for sym in defined}
+    bad = 0
+    for name, (_, used) in sorted(files.items()):
+        if name not in PLUGIN_LAYERS:
+            print(f'# check-layers: {name}.c is in no layer (PLUGIN_LAYERS)')
+            bad += 1
+            continue
+        me = PLUGIN_LAYERS.index(name)
+        for sym in sorted(used):
+            callee = owner.get(sym)
+            if callee is not None and callee != name and \
+                    PLUGIN_LAYERS.index(callee) >= me:
+                print(f'# check-layers: {name}.c uses {sym}() of '
+                      f'{callee}.c, which is not below it')
+                bad += 1
+            elif callee is None and sym in core_owner and sym not in api:
+                print(f'# check-layers: {name}.c uses {sym}() of '
+                      f'{core_owner[sym]}.c, which block/extree/extree.h '
+                      'does not declare')
+                bad += 1
+    return bad
+
+
 def main():
     top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     args = sys.argv[1:]
@@ -76,9 +116,10 @@ def main():
         os.path.join(top, 'build/core/libextree-core.a.p'),
         os.path.join(top, 'build/qemu/libblock.a.p'),
     ]
-    objs = []
+    objs, plugin_objs = [], []
     for d in dirs:
         objs += glob.glob(os.path.join(d, 'block_extree*.c.o'))
+        plugin_objs += glob.glob(os.path.join(d, 'extree-nbdkit*.c.o'))
     if not objs:
         print('check-layers: no objects found in', ' '.join(dirs))
         return 1
@@ -113,8 +154,9 @@ def main():
                 print(f'# check-layers: {name}.c uses {sym}() of {callee}.c, '
                       'which is not below it')
                 bad += 1
-    print(f'# check-layers: {len(files)} files, {bad} upward or sideways '
-          'calls')
+    bad += check_plugin(top, plugin_objs, owner)
+    print(f'# check-layers: {len(files) + len(plugin_objs)} files, {bad} '
+          'upward or sideways calls')
     if tap:
         print('1..1')
         print(f'{"not ok" if bad else "ok"} 1 - layers: calls go downwards')

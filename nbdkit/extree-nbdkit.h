@@ -1,0 +1,107 @@
+/*
+ * extree nbdkit plugin: state shared by its three files
+ *
+ *   extree-nbdkit.c       the plugin table, parameters, open and close of
+ *                         the image and of connections, periodic commits
+ *   extree-nbdkit-io.c    xp.lock and the commit gate, commits, the
+ *                         corruption helper, reads, writes, flush, trim,
+ *                         zero and block status
+ *   extree-nbdkit-file.c  the core's backend over the image file
+ *
+ * Calls go one way only: extree-nbdkit.c -> extree-nbdkit-io.c ->
+ * extree-nbdkit-file.c, and all three -> the core's public API
+ * (block/extree/extree.h, nothing below it).
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#ifndef EXTREE_NBDKIT_H
+#define EXTREE_NBDKIT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "extree.h"
+
+#define XP_ROUND_UP(n, d)       (((n) + (d) - 1) / (d) * (d))
+#define XP_ALIGN_DOWN(n, d)     ((n) / (d) * (d))
+#define XP_MIN(a, b)            ((a) < (b) ? (a) : (b))
+
+/* The one image every connection serves */
+typedef struct XpState {
+    /* Set by .get_ready (before any connection), constant afterwards */
+    int fd;
+    bool fd_read_only;              /* the file could not be opened O_RDWR */
+    bool is_blk;                    /* a block device: of fixed size */
+    ExtreeBackend be;
+
+    /*
+     * @lock: every call into the core, and every field below.  Dropped
+     * around data I/O and node reads; never held across a wait for
+     * anything but @cond (or @committer_cond, by the committer).
+     */
+    pthread_mutex_t lock;
+    /* @inflight dropped to 0, or a commit ended */
+    pthread_cond_t cond;
+    Extree *t;
+    bool core_read_only;
+    unsigned conns;                 /* open connections */
+    /*
+     * Requests between their lookup of host ranges and the end of their
+     * data I/O without @lock (reads, writes in place): a commit waits
+     * until none is left, and @commit_waiting holds new ones back meanwhile.
+     */
+    unsigned inflight;
+    unsigned commit_waiting;
+    /* The core reported damage in the call that is returning */
+    bool corrupt_pending;
+    char *corrupt_msg;
+    /* Periodic commits (extree-nbdkit.c); @committer_cond: stop */
+    pthread_t committer;
+    pthread_cond_t committer_cond;
+    bool committer_running, committer_stop;
+    /* fallocate(FALLOC_FL_ZERO_RANGE) has not failed as unsupported */
+    bool zero_range_ok;
+} XpState;
+
+extern XpState xp;
+
+/* One connection */
+typedef struct XpConn {
+    /* block status walks forward: one descent per walk (under xp.lock) */
+    ExtreeCursor status;
+    bool read_only;
+} XpConn;
+
+/* ---- extree-nbdkit-file.c ---- */
+
+extern const ExtreeBackendOps xp_backend_ops;
+/* Whole reads (zeroes past the end of the file) and writes of xp.fd */
+int xp_pread_full(void *buf, uint64_t bytes, uint64_t offset);
+int xp_pwrite_full(const void *buf, uint64_t bytes, uint64_t offset);
+/* The file's length, or a block device's size; -errno */
+int64_t xp_file_length(void);
+
+/* ---- extree-nbdkit-io.c ---- */
+
+void xp_corrupt_cb(void *opaque, uint64_t offset, const char *msg);
+void xp_lock(void);
+/* Reports corruption the core found meanwhile, then unlocks */
+void xp_unlock(void);
+int xp_commit_locked(void);
+
+struct nbdkit_extents;
+int xp_pread(void *handle, void *buf, uint32_t count, uint64_t offset,
+             uint32_t flags);
+int xp_pwrite(void *handle, const void *buf, uint32_t count,
+              uint64_t offset, uint32_t flags);
+int xp_flush(void *handle, uint32_t flags);
+int xp_trim(void *handle, uint32_t count, uint64_t offset, uint32_t flags);
+int xp_zero(void *handle, uint32_t count, uint64_t offset, uint32_t flags);
+int xp_extents(void *handle, uint32_t count, uint64_t offset,
+               uint32_t flags, struct nbdkit_extents *extents);
+
+#endif /* EXTREE_NBDKIT_H */
