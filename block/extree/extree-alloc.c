@@ -13,7 +13,10 @@
  *            superblock of that transaction is durable: until then the
  *            previous superblock, which may still reference it, is the one
  *            a crash falls back to (dm persistent-data: "never allocate a
- *            block from the previous transaction");
+ *            block from the previous transaction").  Node space that the
+ *            running transaction allocated itself (fresh) is the
+ *            exception: no superblock references it, so when it is freed
+ *            it goes straight back to nfree;
  *   reserve  the metadata chunk: one run of free space handed out to nodes
  *            front to back, so that the nodes of a commit are mostly
  *            consecutive (few large writes) and do not land in the middle
@@ -91,6 +94,7 @@ void extree_alloc_destroy(Extree *t)
     extree_rs_clear(&t->space.nfree);
     extree_rs_clear(&t->space.pending);
     extree_rs_clear(&t->space.touched);
+    extree_rs_clear(&t->space.fresh);
     extree_rs_clear(&t->space.rest_avail);
     extree_rs_clear(&t->space.rest_nfree);
     if (t->space.oplog) {
@@ -354,6 +358,7 @@ int extree_alloc_meta(Extree *t, uint64_t *out)
         if (r) {
             *out = r->start;
             take(t, set, r->start, t->node_size);
+            extree_rs_add(&t->space.fresh, *out, t->node_size);
             return 0;
         }
         ret = reserve_refill(t, true);
@@ -364,7 +369,16 @@ int extree_alloc_meta(Extree *t, uint64_t *out)
     *out = t->space.resv_start;
     t->space.resv_start += t->node_size;
     log_op(t, *out, t->node_size, false);
+    extree_rs_add(&t->space.fresh, *out, t->node_size);
     return 0;
+}
+
+/* Was [start, start + len) allocated as node space in this transaction? */
+static bool is_fresh(Extree *t, uint64_t start, uint64_t len)
+{
+    ExtreeRange *r = extree_rs_floor(&t->space.fresh, start);
+
+    return r && r->start + r->len >= start + len;
 }
 
 bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len)
@@ -405,6 +419,19 @@ int extree_alloc_free(Extree *t, uint64_t start, uint64_t len, bool node)
                               "offset 0x%" PRIx64 " length 0x%" PRIx64
                               " freed twice or outside the data area",
                               node ? "tree" : "extent tree", start, len);
+    }
+    if (node && is_fresh(t, start, len)) {
+        /*
+         * A node of this transaction (a copy emptied by a punch, a split
+         * merged back): nothing durable uses it and it was never written
+         * where a committed state could see it, so it is reusable at
+         * once, as btrfs_free_tree_block() does with a block of the
+         * running transaction
+         */
+        extree_rs_remove(&t->space.fresh, start, len);
+        extree_rs_add(&t->space.nfree, start, len);
+        log_op(t, start, len, true);
+        return 0;
     }
     extree_rs_add(&t->space.pending, start, len);
     log_op(t, start, len, true);
@@ -661,6 +688,7 @@ void extree_alloc_commit_done(Extree *t, GArray *discard)
 {
     /* pending is exactly freed_data + freed_nodes */
     extree_rs_clear(&t->space.pending);
+    extree_rs_clear(&t->space.fresh);
     extree_ranges_merge(t->space.freed_data);
     extree_ranges_merge(t->space.freed_nodes);
     for (guint i = 0; i < t->space.freed_data->len; i++) {
@@ -823,6 +851,7 @@ void extree_alloc_reset_free(Extree *t, GArray *used)
     extree_rs_clear(&t->space.avail);
     extree_rs_clear(&t->space.nfree);
     extree_rs_clear(&t->space.pending);
+    extree_rs_clear(&t->space.fresh);
     extree_alloc_set_partial(t, 0, 0, 0);
     t->space.resv_start = t->space.resv_end = 0;
     g_array_set_size(t->space.oplog, 0);

@@ -466,6 +466,12 @@ typedef struct ExtreeSpace {
     ExtreeRangeSet rest_avail, rest_nfree;
     uint64_t rest_done;
     bool resv_nfree;            /* ... taken from nfree */
+    /*
+     * Node space allocated in the running transaction: no committed
+     * state uses it, so a node freed there goes straight back to nfree
+     * (btrfs_free_tree_block(), dm's sm_disk_new_block())
+     */
+    ExtreeRangeSet fresh;
     /* ExtreeAllocOp since the last free-tree sync */
     GArray *oplog;
     /*
