@@ -152,7 +152,7 @@ static void take(Extree *t, ExtreeRangeSet *set, uint64_t start,
  * How far host_end may grow: to the backend's limit, if it has one, less
  * the metadata headroom for @data
  */
-static uint64_t grow_room(Extree *t, bool data)
+static uint64_t grow_room(const Extree *t, bool data)
 {
     uint64_t limit = t->space.host_limit ?
                      MIN(t->space.host_limit, (uint64_t)INT64_MAX) :
@@ -227,22 +227,33 @@ uint64_t extree_alloc_nodes_estimate(const Extree *t)
  * of all of them (a lower bound: a range loses less than a node to its
  * length), not one long range.  O(1).
  */
-bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig)
+/*
+ * The room for nodes in the known free space with host_end where it is (a
+ * lower bound: a range loses less than a node to its length).  O(1).
+ */
+static uint64_t node_room(const Extree *t)
 {
     const ExtreeRangeSet *sets[2] = { &t->space.avail, &t->space.nfree };
     uint64_t ns = t->node_size;
     uint64_t slack = ns > t->block_size ? ns - t->block_size : 0;
     uint64_t room = resv_bytes(t);
 
-    if (contig && !extree_alloc_fits(t, contig)) {
-        return false;
-    }
     for (int i = 0; i < 2; i++) {
         uint64_t lost = sets[i]->count * slack;
         room += sets[i]->bytes > lost ? sets[i]->bytes - lost : 0;
     }
-    return room / ns >= extree_alloc_nodes_estimate(t) +
-                        (contig + ns - 1) / ns + 1;
+    return room;
+}
+
+bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig)
+{
+    uint64_t ns = t->node_size;
+
+    if (contig && !extree_alloc_fits(t, contig)) {
+        return false;
+    }
+    return node_room(t) / ns >= extree_alloc_nodes_estimate(t) +
+                                (contig + ns - 1) / ns + 1;
 }
 
 /* Do the sets hold a free range of @len bytes or more? */
@@ -508,6 +519,46 @@ bool extree_alloc_take_before(Extree *t, uint64_t end, uint64_t bytes)
 }
 
 /*
+ * A backend of fixed size whose room for nodes (the known free space and
+ * what is left up to its end) no longer holds the nodes the running
+ * transaction's commit may need and those of another update
+ * (extree_alloc_nodes_estimate()): space this transaction freed is
+ * reusable only after a commit, so the caller should commit now rather
+ * than run out half-way through an update or a commit.  O(1).
+ */
+bool extree_alloc_room_short(const Extree *t)
+{
+    uint64_t logged = t->space.oplog->len +
+                      (t->space.reflog ? t->space.reflog->len : 0);
+
+    if (!t->space.host_limit || !t->space.alloc_loaded || !logged) {
+        return false;
+    }
+    return (node_room(t) + grow_room(t, false)) / t->node_size <
+           extree_alloc_nodes_estimate(t) + EXT_META_HEADROOM_NODES;
+}
+
+/*
+ * A backend of fixed size that cannot grow by @bytes of data: may data
+ * take them from free space?  Only while the nodes of the update and of
+ * the commits after it still fit in what is left there and at the
+ * device's end (extree_alloc_nodes_estimate(): data that ate the
+ * nodes' room would fail the commit half-way).  O(1).
+ */
+static bool fixed_leaves_room(const Extree *t, uint64_t bytes)
+{
+    uint64_t ns = t->node_size;
+    uint64_t room;
+
+    if (!t->space.host_limit || grow_room(t, true) >= bytes) {
+        return false;
+    }
+    room = node_room(t) + grow_room(t, false);
+    return room >= bytes + ns &&
+           (room - bytes - ns) / ns >= extree_alloc_nodes_estimate(t);
+}
+
+/*
  * Host space for data with no neighbour to follow: the lowest free range
  * that fits, else (free space plentiful) the longest free range, else the
  * end of the file.  *@got may be less than @bytes.  O(log n).
@@ -521,11 +572,15 @@ int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
 
     set = &t->space.avail;
     r = extree_rs_first_fit(set, bytes);
-    if (!r && t->space.avail.bytes + t->space.nfree.bytes >=
-              (t->host_end - t->data_start) / EXT_SCARCE_DIV) {
+    if (!r && (t->space.avail.bytes + t->space.nfree.bytes >=
+               (t->host_end - t->data_start) / EXT_SCARCE_DIV ||
+               fixed_leaves_room(t, bytes))) {
         /*
          * Plentiful but not in avail, or fragmented: node space, then part
-         * of the request from the longest range, instead of growing
+         * of the request from the longest range, instead of growing.  The
+         * same when a backend of fixed size cannot grow by the request:
+         * free space is all there is (after a reopen the holes between
+         * data load as node space, and growing would fail the write)
          */
         set = &t->space.nfree;
         r = extree_rs_first_fit(set, bytes);
@@ -533,7 +588,9 @@ int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
             set = extree_rs_longest(&t->space.avail) >=
                   extree_rs_longest(&t->space.nfree) ?
                   &t->space.avail : &t->space.nfree;
-            r = extree_rs_first_fit(set, extree_rs_longest(set));
+            /* both empty: a device of fixed size may be full */
+            r = extree_rs_longest(set) ?
+                extree_rs_first_fit(set, extree_rs_longest(set)) : NULL;
         }
     }
     if (r) {

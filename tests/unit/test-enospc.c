@@ -286,6 +286,54 @@ static void test_snapshot_revert_full(void)
 }
 
 /*
+ * (b) Writes into 48 KiB holes of a full device succeed after a reopen as
+ * they do without one (the holes load as freed node space)
+ */
+static int write_into_holes(Dev *d, uint64_t nwrites)
+{
+    int ok = 0;
+
+    for (uint64_t i = 0; i < nwrites; i++) {
+        /* odd blocks: never written by the fill */
+        if (dev_write(d, (2 * i + 1) * BSZ, BSZ) == 0) {
+            ok++;
+        }
+    }
+    g_assert_cmpint(dev_commit(d), ==, 0);
+    return ok;
+}
+
+static void test_holes_after_reopen(void)
+{
+    Dev d, c;
+    uint64_t n;
+    int ok_same, ok_reopened;
+
+    dev_new(&d, 48 * 1024 * 1024);
+    n = dev_fill(&d, 0);
+    /* 96 extents of 512 bytes each (48 KiB of host space) out of 768 */
+    for (uint64_t i = 0; i + 96 <= n; i += 768) {
+        g_assert_cmpint(dev_discard(&d, (i + 300) * 2 * BSZ, 96 * 2 * BSZ),
+                        ==, 0);
+    }
+    g_assert_cmpint(dev_commit(&d), ==, 0);
+    /* the same device, opened afresh */
+    c.be = extree_mem_backend_clone(d.be);
+    c.size = d.size;
+    extree_mem_backend_set_fixed_size(c.be, c.size);
+    dev_open(&c);
+
+    ok_same = write_into_holes(&d, 1024);
+    ok_reopened = write_into_holes(&c, 1024);
+    g_assert_cmpint(ok_same, ==, 1024);
+    g_assert_cmpint(ok_reopened, ==, ok_same);
+    dev_check(&d);
+    dev_check(&c);
+    dev_free(&c);
+    dev_free(&d);
+}
+
+/*
  * (c) Node space allocated and freed in one transaction is reused before
  * the commit: rounds of many ZERO items (leaves split off) that a punch
  * removes again (leaves freed) leave host_end where the first round put it
@@ -332,6 +380,7 @@ int main(int argc, char **argv)
                     test_huge_punch_core_commits);
     g_test_add_func("/enospc/snapshot-delete-full", test_snapshot_delete_full);
     g_test_add_func("/enospc/snapshot-revert-full", test_snapshot_revert_full);
+    g_test_add_func("/enospc/holes-after-reopen", test_holes_after_reopen);
     g_test_add_func("/enospc/node-reuse-in-txn", test_node_reuse_in_txn);
     return g_test_run();
 }
