@@ -13,7 +13,10 @@
  *            superblock of that transaction is durable: until then the
  *            previous superblock, which may still reference it, is the one
  *            a crash falls back to (dm persistent-data: "never allocate a
- *            block from the previous transaction");
+ *            block from the previous transaction").  Node space that the
+ *            running transaction allocated itself (fresh) is the
+ *            exception: no superblock references it, so when it is freed
+ *            it goes straight back to nfree;
  *   reserve  the metadata chunk: one run of free space handed out to nodes
  *            front to back, so that the nodes of a commit are mostly
  *            consecutive (few large writes) and do not land in the middle
@@ -91,6 +94,7 @@ void extree_alloc_destroy(Extree *t)
     extree_rs_clear(&t->space.nfree);
     extree_rs_clear(&t->space.pending);
     extree_rs_clear(&t->space.touched);
+    extree_rs_clear(&t->space.fresh);
     extree_rs_clear(&t->space.rest_avail);
     extree_rs_clear(&t->space.rest_nfree);
     if (t->space.oplog) {
@@ -148,7 +152,7 @@ static void take(Extree *t, ExtreeRangeSet *set, uint64_t start,
  * How far host_end may grow: to the backend's limit, if it has one, less
  * the metadata headroom for @data
  */
-static uint64_t grow_room(Extree *t, bool data)
+static uint64_t grow_room(const Extree *t, bool data)
 {
     uint64_t limit = t->space.host_limit ?
                      MIN(t->space.host_limit, (uint64_t)INT64_MAX) :
@@ -223,22 +227,33 @@ uint64_t extree_alloc_nodes_estimate(const Extree *t)
  * of all of them (a lower bound: a range loses less than a node to its
  * length), not one long range.  O(1).
  */
-bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig)
+/*
+ * The room for nodes in the known free space with host_end where it is (a
+ * lower bound: a range loses less than a node to its length).  O(1).
+ */
+static uint64_t node_room(const Extree *t)
 {
     const ExtreeRangeSet *sets[2] = { &t->space.avail, &t->space.nfree };
     uint64_t ns = t->node_size;
     uint64_t slack = ns > t->block_size ? ns - t->block_size : 0;
     uint64_t room = resv_bytes(t);
 
-    if (contig && !extree_alloc_fits(t, contig)) {
-        return false;
-    }
     for (int i = 0; i < 2; i++) {
         uint64_t lost = sets[i]->count * slack;
         room += sets[i]->bytes > lost ? sets[i]->bytes - lost : 0;
     }
-    return room / ns >= extree_alloc_nodes_estimate(t) +
-                        (contig + ns - 1) / ns + 1;
+    return room;
+}
+
+bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig)
+{
+    uint64_t ns = t->node_size;
+
+    if (contig && !extree_alloc_fits(t, contig)) {
+        return false;
+    }
+    return node_room(t) / ns >= extree_alloc_nodes_estimate(t) +
+                                (contig + ns - 1) / ns + 1;
 }
 
 /* Do the sets hold a free range of @len bytes or more? */
@@ -354,6 +369,7 @@ int extree_alloc_meta(Extree *t, uint64_t *out)
         if (r) {
             *out = r->start;
             take(t, set, r->start, t->node_size);
+            extree_rs_add(&t->space.fresh, *out, t->node_size);
             return 0;
         }
         ret = reserve_refill(t, true);
@@ -364,7 +380,16 @@ int extree_alloc_meta(Extree *t, uint64_t *out)
     *out = t->space.resv_start;
     t->space.resv_start += t->node_size;
     log_op(t, *out, t->node_size, false);
+    extree_rs_add(&t->space.fresh, *out, t->node_size);
     return 0;
+}
+
+/* Was [start, start + len) allocated as node space in this transaction? */
+static bool is_fresh(Extree *t, uint64_t start, uint64_t len)
+{
+    ExtreeRange *r = extree_rs_floor(&t->space.fresh, start);
+
+    return r && r->start + r->len >= start + len;
 }
 
 bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len)
@@ -405,6 +430,19 @@ int extree_alloc_free(Extree *t, uint64_t start, uint64_t len, bool node)
                               "offset 0x%" PRIx64 " length 0x%" PRIx64
                               " freed twice or outside the data area",
                               node ? "tree" : "extent tree", start, len);
+    }
+    if (node && is_fresh(t, start, len)) {
+        /*
+         * A node of this transaction (a copy emptied by a punch, a split
+         * merged back): nothing durable uses it and it was never written
+         * where a committed state could see it, so it is reusable at
+         * once, as btrfs_free_tree_block() does with a block of the
+         * running transaction
+         */
+        extree_rs_remove(&t->space.fresh, start, len);
+        extree_rs_add(&t->space.nfree, start, len);
+        log_op(t, start, len, true);
+        return 0;
     }
     extree_rs_add(&t->space.pending, start, len);
     log_op(t, start, len, true);
@@ -481,6 +519,46 @@ bool extree_alloc_take_before(Extree *t, uint64_t end, uint64_t bytes)
 }
 
 /*
+ * A backend of fixed size whose room for nodes (the known free space and
+ * what is left up to its end) no longer holds the nodes the running
+ * transaction's commit may need and those of another update
+ * (extree_alloc_nodes_estimate()): space this transaction freed is
+ * reusable only after a commit, so the caller should commit now rather
+ * than run out half-way through an update or a commit.  O(1).
+ */
+bool extree_alloc_room_short(const Extree *t)
+{
+    uint64_t logged = t->space.oplog->len +
+                      (t->space.reflog ? t->space.reflog->len : 0);
+
+    if (!t->space.host_limit || !t->space.alloc_loaded || !logged) {
+        return false;
+    }
+    return (node_room(t) + grow_room(t, false)) / t->node_size <
+           extree_alloc_nodes_estimate(t) + EXT_META_HEADROOM_NODES;
+}
+
+/*
+ * A backend of fixed size that cannot grow by @bytes of data: may data
+ * take them from free space?  Only while the nodes of the update and of
+ * the commits after it still fit in what is left there and at the
+ * device's end (extree_alloc_nodes_estimate(): data that ate the
+ * nodes' room would fail the commit half-way).  O(1).
+ */
+static bool fixed_leaves_room(const Extree *t, uint64_t bytes)
+{
+    uint64_t ns = t->node_size;
+    uint64_t room;
+
+    if (!t->space.host_limit || grow_room(t, true) >= bytes) {
+        return false;
+    }
+    room = node_room(t) + grow_room(t, false);
+    return room >= bytes + ns &&
+           (room - bytes - ns) / ns >= extree_alloc_nodes_estimate(t);
+}
+
+/*
  * Host space for data with no neighbour to follow: the lowest free range
  * that fits, else (free space plentiful) the longest free range, else the
  * end of the file.  *@got may be less than @bytes.  O(log n).
@@ -494,11 +572,15 @@ int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
 
     set = &t->space.avail;
     r = extree_rs_first_fit(set, bytes);
-    if (!r && t->space.avail.bytes + t->space.nfree.bytes >=
-              (t->host_end - t->data_start) / EXT_SCARCE_DIV) {
+    if (!r && (t->space.avail.bytes + t->space.nfree.bytes >=
+               (t->host_end - t->data_start) / EXT_SCARCE_DIV ||
+               fixed_leaves_room(t, bytes))) {
         /*
          * Plentiful but not in avail, or fragmented: node space, then part
-         * of the request from the longest range, instead of growing
+         * of the request from the longest range, instead of growing.  The
+         * same when a backend of fixed size cannot grow by the request:
+         * free space is all there is (after a reopen the holes between
+         * data load as node space, and growing would fail the write)
          */
         set = &t->space.nfree;
         r = extree_rs_first_fit(set, bytes);
@@ -506,7 +588,9 @@ int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
             set = extree_rs_longest(&t->space.avail) >=
                   extree_rs_longest(&t->space.nfree) ?
                   &t->space.avail : &t->space.nfree;
-            r = extree_rs_first_fit(set, extree_rs_longest(set));
+            /* both empty: a device of fixed size may be full */
+            r = extree_rs_longest(set) ?
+                extree_rs_first_fit(set, extree_rs_longest(set)) : NULL;
         }
     }
     if (r) {
@@ -661,6 +745,7 @@ void extree_alloc_commit_done(Extree *t, GArray *discard)
 {
     /* pending is exactly freed_data + freed_nodes */
     extree_rs_clear(&t->space.pending);
+    extree_rs_clear(&t->space.fresh);
     extree_ranges_merge(t->space.freed_data);
     extree_ranges_merge(t->space.freed_nodes);
     for (guint i = 0; i < t->space.freed_data->len; i++) {
@@ -823,6 +908,7 @@ void extree_alloc_reset_free(Extree *t, GArray *used)
     extree_rs_clear(&t->space.avail);
     extree_rs_clear(&t->space.nfree);
     extree_rs_clear(&t->space.pending);
+    extree_rs_clear(&t->space.fresh);
     extree_alloc_set_partial(t, 0, 0, 0);
     t->space.resv_start = t->space.resv_end = 0;
     g_array_set_size(t->space.oplog, 0);

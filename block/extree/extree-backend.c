@@ -47,6 +47,8 @@ typedef struct MemBackend {
     ExtreeBackend be;
     GHashTable *pages;          /* page index -> MemPage */
     uint64_t length;
+    /* A device of fixed size: no write or truncate past it (0: none) */
+    uint64_t fixed_size;
 
     bool recording;
     struct MemBackend *base;    /* contents when recording started */
@@ -267,6 +269,9 @@ static int mem_op_pwrite(void *opaque, uint64_t offset, const void *buf,
     if (offset + bytes < offset) {
         return -EINVAL;
     }
+    if (m->fixed_size && offset + bytes > m->fixed_size) {
+        return -ENOSPC;
+    }
     if (mem_fault_hit(m, EXTREE_FAULT_WRITE)) {
         return -EIO;
     }
@@ -293,6 +298,10 @@ static int mem_op_truncate(void *opaque, uint64_t size)
 {
     MemBackend *m = opaque;
 
+    if (m->fixed_size) {
+        /* like a raw node with size= or a block device */
+        return size == m->length ? 0 : -ENOTSUP;
+    }
     if (mem_fault_hit(m, EXTREE_FAULT_TRUNCATE)) {
         return -EIO;
     }
@@ -413,6 +422,16 @@ static MemBackend *mem_clone(MemBackend *src)
 ExtreeBackend *extree_mem_backend_clone(ExtreeBackend *be)
 {
     return &mem_clone(mem_of(be))->be;
+}
+
+void extree_mem_backend_set_fixed_size(ExtreeBackend *be, uint64_t size)
+{
+    MemBackend *m = mem_of(be);
+
+    if (size && m->length != size) {
+        mem_truncate(m, size);
+    }
+    m->fixed_size = size;
 }
 
 bool extree_mem_backend_equal(ExtreeBackend *a, ExtreeBackend *b)

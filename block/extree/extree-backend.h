@@ -36,6 +36,15 @@ void extree_mem_backend_free(ExtreeBackend *be);
  */
 ExtreeBackend *extree_mem_backend_clone(ExtreeBackend *be);
 
+/*
+ * Make @be a device of @size bytes that cannot change size (a block device,
+ * a raw node with size=): its length becomes @size, a write that reaches
+ * past it fails with -ENOSPC and a truncate to another length with
+ * -ENOTSUP, both without any effect.  @size 0 makes it growable again.
+ * Clones do not inherit it.
+ */
+void extree_mem_backend_set_fixed_size(ExtreeBackend *be, uint64_t size);
+
 /* Byte-for-byte comparison of two memory backends (contents and length) */
 bool extree_mem_backend_equal(ExtreeBackend *a, ExtreeBackend *b);
 

@@ -466,6 +466,12 @@ typedef struct ExtreeSpace {
     ExtreeRangeSet rest_avail, rest_nfree;
     uint64_t rest_done;
     bool resv_nfree;            /* ... taken from nfree */
+    /*
+     * Node space allocated in the running transaction: no committed
+     * state uses it, so a node freed there goes straight back to nfree
+     * (btrfs_free_tree_block(), dm's sm_disk_new_block())
+     */
+    ExtreeRangeSet fresh;
     /* ExtreeAllocOp since the last free-tree sync */
     GArray *oplog;
     /*
@@ -803,6 +809,7 @@ uint64_t extree_alloc_nodes_need(const Extree *t, uint64_t contig);
 bool extree_alloc_fits(const Extree *t, uint64_t len);
 uint64_t extree_alloc_nodes_estimate(const Extree *t);
 bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig);
+bool extree_alloc_room_short(const Extree *t);
 GArray *extree_alloc_steal_log(Extree *t);
 bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
                             uint64_t *fs, uint64_t *fe);

@@ -831,9 +831,14 @@ int extree_set_virtual_size(Extree *t, uint64_t size)
 
 /* ---- updates: commit when the dirty metadata asks for it ---- */
 
+/*
+ * Too much dirty metadata, or on a backend of fixed size too little room
+ * left for the nodes of the commit and of the next update: the space the
+ * transaction freed becomes reusable by committing (issue 33)
+ */
 bool extree_commit_wanted(const Extree *t)
 {
-    return t->ndirty > t->dirty_limit;
+    return t->ndirty > t->dirty_limit || extree_alloc_room_short(t);
 }
 
 /*

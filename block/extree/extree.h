@@ -197,7 +197,12 @@ bool extree_is_broken(const Extree *t);
  */
 void extree_discard_deferred(Extree *t);
 
-/* More dirty metadata than ExtreeOpenOptions.dirty_limit: commit soon */
+/*
+ * Commit soon: more dirty metadata than ExtreeOpenOptions.dirty_limit, or,
+ * on a backend of fixed size (extree_set_host_limit()), too little room
+ * left for the nodes of the next update and commit while space this
+ * transaction freed waits for the commit
+ */
 bool extree_commit_wanted(const Extree *t);
 
 /*

@@ -1,0 +1,386 @@
+/*
+ * extree on a backend of fixed size, filled to ENOSPC (issue 33)
+ *
+ * The memory backend is made a device of fixed size (a raw node with
+ * size=, a block device): a write past its end fails with -ENOSPC.  The
+ * handle is driven the way the QEMU driver drives it (Dev below): opened
+ * with commit_by_caller, told the device's end only when growing the file
+ * ahead fails (xt_grow_file()), committing when extree_commit_wanted()
+ * says so and once after a write fails with -ENOSPC.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "core-test.h"
+#include "model.h"
+
+#define BSZ             512
+#define NSZ             4096
+#define VSIZE           (256 * 1024 * 1024)
+
+/* A handle over a device of fixed size, driven like block/extree*.c */
+typedef struct Dev {
+    ExtreeBackend *be;
+    Extree *t;
+    uint64_t size;
+    bool limit_known;
+} Dev;
+
+static void dev_open(Dev *d)
+{
+    ExtreeOpenOptions o = { .commit_by_caller = true };
+    char *err = NULL;
+    int ret = extree_open(d->be, &o, &d->t, &err);
+
+    if (ret < 0) {
+        g_error("open failed: %s (%s)", g_strerror(-ret), err);
+    }
+    d->limit_known = false;
+}
+
+static void dev_new(Dev *d, uint64_t size)
+{
+    d->be = ct_create(VSIZE, BSZ, NSZ);
+    d->size = size;
+    extree_mem_backend_set_fixed_size(d->be, size);
+    dev_open(d);
+}
+
+static void dev_reopen(Dev *d)
+{
+    extree_close(d->t);
+    dev_open(d);
+}
+
+static void dev_free(Dev *d)
+{
+    extree_close(d->t);
+    extree_mem_backend_free(d->be);
+}
+
+/* xt_grow_file(): a device of fixed size cannot grow to @end */
+static void dev_grow_to(Dev *d, uint64_t end)
+{
+    if (end > d->size && !d->limit_known) {
+        d->limit_known = true;
+        extree_set_host_limit(d->t, d->size);
+    }
+}
+
+/* xt_commit_locked() */
+static int dev_commit(Dev *d)
+{
+    if (!extree_is_dirty(d->t)) {
+        return 0;
+    }
+    dev_grow_to(d, extree_grow_bound_nodes(d->t, 0));
+    return extree_commit(d->t);
+}
+
+/* xt_update_done(): a failed commit is reported by the next flush */
+static void dev_update_done(Dev *d)
+{
+    if (extree_is_dirty(d->t) && extree_commit_wanted(d->t)) {
+        dev_commit(d);
+    }
+}
+
+/* xt_pwritev() of whole blocks: 0 or -errno */
+static int dev_write(Dev *d, uint64_t guest, uint64_t bytes)
+{
+    bool committed = false;
+    int ret = 0;
+
+    while (bytes) {
+        uint64_t host, got;
+
+        dev_grow_to(d, extree_grow_bound(d->t, bytes));
+        ret = extree_alloc_data(d->t, guest, bytes, &host, &got);
+        if (ret == -ENOSPC && !committed && extree_is_dirty(d->t)) {
+            committed = true;
+            if (dev_commit(d) == 0) {
+                continue;
+            }
+        }
+        if (ret < 0) {
+            break;
+        }
+        ret = extree_map_data(d->t, guest, got, host);
+        if (ret < 0) {
+            break;
+        }
+        guest += got;
+        bytes -= got;
+    }
+    dev_update_done(d);
+    return ret;
+}
+
+/* xt_update_range() of a discard, then xt_update_done() */
+static int dev_discard(Dev *d, uint64_t guest, uint64_t bytes)
+{
+    int ret;
+
+    dev_grow_to(d, extree_grow_bound_nodes(d->t, 0));
+    ret = extree_punch(d->t, guest, bytes);
+    dev_update_done(d);
+    return ret;
+}
+
+/*
+ * Write single blocks at every other guest block from block @first on
+ * (each its own extent) until the device is full; the number written
+ */
+static uint64_t dev_fill(Dev *d, uint64_t first)
+{
+    uint64_t n = 0;
+    int ret;
+
+    for (uint64_t blk = first; blk * BSZ < VSIZE; blk += 2) {
+        ret = dev_write(d, blk * BSZ, BSZ);
+        if (ret == -ENOSPC) {
+            break;
+        }
+        g_assert_cmpint(ret, ==, 0);
+        if (++n % 256 == 0) {
+            g_assert_cmpint(dev_commit(d), ==, 0);   /* the commit timer */
+        }
+    }
+    g_assert_cmpint(dev_commit(d), ==, 0);
+    g_assert_cmpuint(extree_host_end(d->t), <=, d->size);
+    return n;
+}
+
+static void dev_check(Dev *d)
+{
+    g_assert_cmpuint(extree_host_end(d->t), <=, d->size);
+    ct_check_clean(d->t, NULL);
+}
+
+/*
+ * (a) One huge discard on a full device, reopened so that the core does
+ * not know the device's end yet: the punch copies every leaf it empties,
+ * more nodes than the estimate made before it.  It must succeed, commit,
+ * and leave host_end within the device; later writes and commits work.
+ */
+static void test_huge_punch(void)
+{
+    Dev d;
+    uint64_t n;
+
+    dev_new(&d, 48 * 1024 * 1024);
+    n = dev_fill(&d, 0);
+    g_assert_cmpuint(n, >, 10000);
+    dev_reopen(&d);
+
+    g_assert_cmpint(dev_discard(&d, 0, VSIZE), ==, 0);
+    g_assert_cmpint(dev_commit(&d), ==, 0);
+    g_assert_cmpuint(extree_host_end(d.t), <=, d.size);
+    g_assert_cmpuint(extree_extent_count(d.t), ==, 0);
+
+    for (uint64_t i = 0; i < 1000; i++) {
+        g_assert_cmpint(dev_write(&d, i * 2 * BSZ, BSZ), ==, 0);
+    }
+    g_assert_cmpint(dev_commit(&d), ==, 0);
+    dev_check(&d);
+    dev_reopen(&d);
+    g_assert_cmpuint(extree_extent_count(d.t), ==, 1000);
+    dev_check(&d);
+    dev_free(&d);
+}
+
+/*
+ * The same with the device's end known (the fill learnt it) and no reopen
+ * in between
+ */
+static void test_huge_punch_known_end(void)
+{
+    Dev d;
+
+    dev_new(&d, 48 * 1024 * 1024);
+    dev_fill(&d, 0);
+    g_assert_true(d.limit_known);
+
+    g_assert_cmpint(dev_discard(&d, 0, VSIZE), ==, 0);
+    g_assert_cmpint(dev_commit(&d), ==, 0);
+    g_assert_cmpuint(extree_extent_count(d.t), ==, 0);
+    g_assert_cmpint(dev_write(&d, 0, 1024 * 1024), ==, 0);
+    g_assert_cmpint(dev_commit(&d), ==, 0);
+    dev_check(&d);
+    dev_free(&d);
+}
+
+/*
+ * A core without commit_by_caller (qemu-img-like tools over the core)
+ * commits a huge punch in pieces itself
+ */
+static void test_huge_punch_core_commits(void)
+{
+    Dev d;
+    ExtreeStats st;
+
+    dev_new(&d, 48 * 1024 * 1024);
+    dev_fill(&d, 0);
+    extree_close(d.t);
+    d.t = ct_open(d.be);
+    extree_set_host_limit(d.t, d.size);
+
+    g_assert_cmpint(extree_punch(d.t, 0, VSIZE), ==, 0);
+    g_assert_cmpint(extree_commit(d.t), ==, 0);
+    extree_stats(d.t, &st);
+    g_assert_cmpuint(extree_extent_count(d.t), ==, 0);
+    g_assert_cmpint(dev_write(&d, 0, 1024 * 1024), ==, 0);
+    g_assert_cmpint(extree_commit(d.t), ==, 0);
+    dev_check(&d);
+    dev_free(&d);
+}
+
+/*
+ * Snapshot delete and revert on a device filled to ENOSPC after the
+ * snapshot: each either works or fails, and either way the handle stays
+ * able to write and commit (no broken handle)
+ */
+static void test_snapshot_full(bool revert)
+{
+    ExtreeSnapshotInfo info = { .name = "s" };
+    Dev d;
+    int ret;
+
+    dev_new(&d, 48 * 1024 * 1024);
+    /* half the device in one snapshot, the rest overwrites it */
+    for (uint64_t i = 0; i < 40000; i++) {
+        g_assert_cmpint(dev_write(&d, i * 2 * BSZ, BSZ), ==, 0);
+    }
+    g_assert_cmpint(dev_commit(&d), ==, 0);
+    g_assert_cmpint(extree_snapshot_create(d.t, &info), ==, 0);
+    dev_fill(&d, 0);
+    dev_reopen(&d);
+
+    dev_grow_to(&d, extree_grow_bound_nodes(d.t, 0));
+    ret = revert ? extree_snapshot_goto(d.t, 0) :
+                   extree_snapshot_delete(d.t, 0);
+    if (ret < 0) {
+        g_assert_cmpint(ret, ==, -ENOSPC);
+    }
+    g_assert_cmpint(dev_commit(&d), ==, 0);
+    /* the snapshot's space (or the live tree's) is free now */
+    g_assert_cmpint(ret, ==, 0);
+    g_assert_cmpint(dev_write(&d, 8 * 1024 * 1024, 256 * 1024), ==, 0);
+    g_assert_cmpint(dev_commit(&d), ==, 0);
+    dev_check(&d);
+    dev_reopen(&d);
+    dev_check(&d);
+    dev_free(&d);
+}
+
+static void test_snapshot_delete_full(void)
+{
+    test_snapshot_full(false);
+}
+
+static void test_snapshot_revert_full(void)
+{
+    test_snapshot_full(true);
+}
+
+/*
+ * (b) Writes into 48 KiB holes of a full device succeed after a reopen as
+ * they do without one (the holes load as freed node space)
+ */
+static int write_into_holes(Dev *d, uint64_t nwrites)
+{
+    int ok = 0;
+
+    for (uint64_t i = 0; i < nwrites; i++) {
+        /* odd blocks: never written by the fill */
+        if (dev_write(d, (2 * i + 1) * BSZ, BSZ) == 0) {
+            ok++;
+        }
+    }
+    g_assert_cmpint(dev_commit(d), ==, 0);
+    return ok;
+}
+
+static void test_holes_after_reopen(void)
+{
+    Dev d, c;
+    uint64_t n;
+    int ok_same, ok_reopened;
+
+    dev_new(&d, 48 * 1024 * 1024);
+    n = dev_fill(&d, 0);
+    /* 96 extents of 512 bytes each (48 KiB of host space) out of 768 */
+    for (uint64_t i = 0; i + 96 <= n; i += 768) {
+        g_assert_cmpint(dev_discard(&d, (i + 300) * 2 * BSZ, 96 * 2 * BSZ),
+                        ==, 0);
+    }
+    g_assert_cmpint(dev_commit(&d), ==, 0);
+    /* the same device, opened afresh */
+    c.be = extree_mem_backend_clone(d.be);
+    c.size = d.size;
+    extree_mem_backend_set_fixed_size(c.be, c.size);
+    dev_open(&c);
+
+    ok_same = write_into_holes(&d, 1024);
+    ok_reopened = write_into_holes(&c, 1024);
+    g_assert_cmpint(ok_same, ==, 1024);
+    g_assert_cmpint(ok_reopened, ==, ok_same);
+    dev_check(&d);
+    dev_check(&c);
+    dev_free(&c);
+    dev_free(&d);
+}
+
+/*
+ * (c) Node space allocated and freed in one transaction is reused before
+ * the commit: rounds of many ZERO items (leaves split off) that a punch
+ * removes again (leaves freed) leave host_end where the first round put it
+ */
+static void test_node_reuse_in_txn(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BSZ, NSZ);
+    ExtreeOpenOptions o = { .commit_by_caller = true };
+    uint64_t end1 = 0;
+    Extree *t;
+    char *err = NULL;
+
+    g_assert_cmpint(extree_open(be, &o, &t, &err), ==, 0);
+    for (int round = 0; round < 20; round++) {
+        for (uint64_t i = 0; i < 4000; i++) {
+            g_assert_cmpint(extree_set_zero(t, i * 2 * BSZ, BSZ), ==, 0);
+        }
+        g_assert_cmpuint(extree_extent_count(t), ==, 4000);
+        g_assert_cmpint(extree_punch(t, 0, VSIZE), ==, 0);
+        g_assert_cmpuint(extree_extent_count(t), ==, 0);
+        if (!round) {
+            end1 = extree_host_end(t);
+        }
+        /* still one transaction */
+        g_assert_cmpuint(extree_generation(t), ==, 1);
+    }
+    g_assert_cmpuint(extree_host_end(t), ==, end1);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    t = ct_open(be);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/enospc/huge-punch", test_huge_punch);
+    g_test_add_func("/enospc/huge-punch-known-end",
+                    test_huge_punch_known_end);
+    g_test_add_func("/enospc/huge-punch-core-commits",
+                    test_huge_punch_core_commits);
+    g_test_add_func("/enospc/snapshot-delete-full", test_snapshot_delete_full);
+    g_test_add_func("/enospc/snapshot-revert-full", test_snapshot_revert_full);
+    g_test_add_func("/enospc/holes-after-reopen", test_holes_after_reopen);
+    g_test_add_func("/enospc/node-reuse-in-txn", test_node_reuse_in_txn);
+    return g_test_run();
+}
