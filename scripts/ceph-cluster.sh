@@ -112,7 +112,9 @@ stop()
     if [ -f "$dir/pids" ]; then
         # The OSD first, while the monitor can still acknowledge its
         # going down (else it waits osd_mon_shutdown_timeout, 5 s)
+        # shellcheck disable=SC2046 # (PIDs, one word each)
         term $(awk '$1 == "osd.0" { print $2 }' "$dir/pids")
+        # shellcheck disable=SC2046
         term $(awk '$1 != "osd.0" { print $2 }' "$dir/pids")
     fi
     rm -rf "$dir"
