@@ -302,6 +302,36 @@ xt_grow_before(BDRVExtreeState *s, uint64_t bytes)
 }
 
 /*
+ * Storage of fixed size may have grown since the core was told its limit
+ * (an LV after lvextend, a loop device after losetup -c, a protocol node
+ * after block_resize), as thin provisioning does when allocation crosses
+ * the write threshold or the guest paused on ENOSPC: ask the protocol node
+ * for its length again and raise the limit.  True if the storage grew (a
+ * write that failed with -ENOSPC is worth another try).  Called with
+ * s->lock held, after an allocation failed with -ENOSPC, so this costs
+ * nothing while space lasts.
+ */
+bool coroutine_fn GRAPH_RDLOCK xt_storage_grew(BDRVExtreeState *s)
+{
+    BlockDriverState *file = s->bs->file->bs;
+    int64_t len;
+
+    if (!s->grow_off || s->core_read_only) {
+        return false;
+    }
+    /* host_device and NBD cache their length: read the device's */
+    bdrv_co_refresh_total_sectors(file, file->total_sectors);
+    len = bdrv_co_getlength(file);
+    trace_extree_storage_grew(s, s->file_len, len);
+    if (len <= s->file_len) {
+        return false;
+    }
+    s->file_len = len;
+    extree_set_host_limit(s->t, len);
+    return true;
+}
+
+/*
  * The same before an update that allocates nodes only, and @contig bytes
  * in one run (a snapshot table): no growth while free space holds them
  */

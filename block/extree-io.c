@@ -745,6 +745,10 @@ xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
             if (ret == -EAGAIN) {
                 continue;
             }
+            if (ret == -ENOSPC && xt_storage_grew(s)) {
+                /* thin provisioning: the device was extended meanwhile */
+                continue;
+            }
             if (ret == -ENOSPC && !committed && extree_is_dirty(s->t)) {
                 /*
                  * A full node of fixed size: space freed in this

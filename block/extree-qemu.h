@@ -188,6 +188,8 @@ void coroutine_fn GRAPH_RDLOCK xt_grow_file(BDRVExtreeState *s, uint64_t end);
 /* Before an update that may allocate @bytes of data.  s->lock held */
 void coroutine_fn GRAPH_RDLOCK xt_grow_before(BDRVExtreeState *s,
                                               uint64_t bytes);
+/* After -ENOSPC: did storage of fixed size grow?  s->lock held */
+bool coroutine_fn GRAPH_RDLOCK xt_storage_grew(BDRVExtreeState *s);
 /* ... that allocates nodes and @contig bytes in one run only */
 void coroutine_fn GRAPH_RDLOCK xt_grow_before_nodes(BDRVExtreeState *s,
                                                   uint64_t contig);

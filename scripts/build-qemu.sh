@@ -93,8 +93,10 @@ say "QEMU $qver (Debian $debver) in $src"
 "$top/scripts/graft.sh" "$src"
 
 # --- 3. Configure ------------------------------------------------------------
+# With the network block drivers extree is tested over (iSCSI, Ceph RBD)
 cfg_args=(--target-list=x86_64-softmmu --disable-docs --disable-user --enable-tools
           --enable-kvm --disable-download --disable-install-blobs --disable-werror
+          --enable-libiscsi --enable-rbd
           --python=/usr/bin/python3)
 need_cfg=1
 if [ -f "$blddir/build.ninja" ] && [ -f "$blddir/.extree-configured" ] &&

@@ -111,6 +111,7 @@ pkgs=(
     btrfs-progs xfsprogs
     clang-16 libclang-rt-16-dev llvm-16
     libnbd-bin python3-libnbd nbdkit nbdkit-plugin-dev fio
+    libiscsi-dev tgt
 )
 missing=()
 for p in "${pkgs[@]}"; do
