@@ -210,14 +210,18 @@ uint64_t extree_alloc_nodes_need(const Extree *t, uint64_t contig)
  * the free or reference count tree and a split, which is what the
  * commit's syncs write for it
  */
+static uint64_t nodes_per_logged(const Extree *t)
+{
+    return 2 * (MAX(t->trees[EXTREE_TREE_FREE].level,
+                    t->trees[EXTREE_TREE_REFS].level) + 2);
+}
+
 uint64_t extree_alloc_nodes_estimate(const Extree *t)
 {
     uint64_t logged = t->space.oplog->len +
                       (t->space.reflog ? t->space.reflog->len : 0);
-    uint64_t levels = MAX(t->trees[EXTREE_TREE_FREE].level,
-                          t->trees[EXTREE_TREE_REFS].level) + 2;
 
-    return EXT_META_HEADROOM_NODES + logged * 2 * levels;
+    return EXT_META_HEADROOM_NODES + logged * nodes_per_logged(t);
 }
 
 /*
@@ -536,6 +540,46 @@ bool extree_alloc_room_short(const Extree *t)
     }
     return (node_room(t) + grow_room(t, false)) / t->node_size <
            extree_alloc_nodes_estimate(t) + EXT_META_HEADROOM_NODES;
+}
+
+/*
+ * The guard of a backend of fixed size (issue 33): may a tree update, or
+ * the next piece of one, begin?  Only while the room for nodes (the known
+ * free space and what is left up to the device's end) holds
+ * extree_alloc_nodes_estimate(): the headroom in it takes the nodes one
+ * piece (the items of one leaf) copies, splits and merges, the rest those
+ * of the commit after it.  An update that would start without that room
+ * fails with -ENOSPC before it changes anything, and one cut into pieces
+ * (extree_extent_update()) stops between two: either way the handle can
+ * commit what it has, and the commit makes the space the transaction
+ * freed reusable.  Always true on a backend that grows.  O(1).
+ */
+bool extree_alloc_update_fits(const Extree *t)
+{
+    if (!t->space.host_limit || !t->space.alloc_loaded) {
+        return true;
+    }
+    return (node_room(t) + grow_room(t, false)) / t->node_size >=
+           extree_alloc_nodes_estimate(t);
+}
+
+/*
+ * On a backend of fixed size, the most data may take now: what leaves
+ * extree_alloc_update_fits() true after the take, which logs a range and
+ * may split a free range (a node's room lost); UINT64_MAX on a backend
+ * that grows.  So the mapping of data placed always finds the room the
+ * guard asks for, unless other updates came in between.  O(1).
+ */
+uint64_t extree_alloc_data_allowance(const Extree *t)
+{
+    uint64_t ns = t->node_size, room, need;
+
+    if (!t->space.host_limit || !t->space.alloc_loaded) {
+        return UINT64_MAX;
+    }
+    room = node_room(t) + grow_room(t, false);
+    need = (extree_alloc_nodes_estimate(t) + nodes_per_logged(t) + 1) * ns;
+    return room > need ? (room - need) / t->block_size * t->block_size : 0;
 }
 
 /*

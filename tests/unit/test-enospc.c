@@ -98,16 +98,19 @@ static int dev_write(Dev *d, uint64_t guest, uint64_t bytes)
 
         dev_grow_to(d, extree_grow_bound(d->t, bytes));
         ret = extree_alloc_data(d->t, guest, bytes, &host, &got);
+        if (ret == 0) {
+            /* xt_alloc_write(): the data, then the mapping */
+            ret = extree_map_data(d->t, guest, got, host);
+            if (ret < 0) {
+                extree_free_data(d->t, host, got);
+            }
+        }
         if (ret == -ENOSPC && !committed && extree_is_dirty(d->t)) {
             committed = true;
             if (dev_commit(d) == 0) {
                 continue;
             }
         }
-        if (ret < 0) {
-            break;
-        }
-        ret = extree_map_data(d->t, guest, got, host);
         if (ret < 0) {
             break;
         }
@@ -118,15 +121,30 @@ static int dev_write(Dev *d, uint64_t guest, uint64_t bytes)
     return ret;
 }
 
-/* xt_update_range() of a discard, then xt_update_done() */
-static int dev_discard(Dev *d, uint64_t guest, uint64_t bytes)
+/*
+ * xt_update_range() of a discard or a zero write, then xt_update_done():
+ * a range that stops for room (-ENOSPC) is committed and taken up again
+ * while the commit has something to make reusable
+ */
+static int dev_range(Dev *d, uint64_t guest, uint64_t bytes, bool zero)
 {
     int ret;
 
-    dev_grow_to(d, extree_grow_bound_nodes(d->t, 0));
-    ret = extree_punch(d->t, guest, bytes);
+    for (;;) {
+        dev_grow_to(d, extree_grow_bound_nodes(d->t, 0));
+        ret = zero ? extree_set_zero(d->t, guest, bytes) :
+                     extree_punch(d->t, guest, bytes);
+        if (ret != -ENOSPC || !extree_is_dirty(d->t) || dev_commit(d) < 0) {
+            break;
+        }
+    }
     dev_update_done(d);
     return ret;
+}
+
+static int dev_discard(Dev *d, uint64_t guest, uint64_t bytes)
+{
+    return dev_range(d, guest, bytes, false);
 }
 
 /*
@@ -286,6 +304,107 @@ static void test_snapshot_revert_full(void)
 }
 
 /*
+ * Snapshot delete and revert whose drop leaves the free space fragmented:
+ * every other block of the dropped tree's DATA lies between blocks that
+ * stay, so the free-space tree gains an item per freed block, and the
+ * commit needs many new nodes while the device is full.  @revert: the
+ * live tree is dropped (its blocks filled the holes the snapshot's
+ * discards left); else the snapshot (its blocks the live tree
+ * overwrote).  @known_end: the fill learnt the device's end, else a
+ * reopen forgot it.  Either way the operation succeeds or fails with
+ * -ENOSPC, and the handle can write and commit afterwards.
+ */
+static void test_snapshot_fragmented(bool revert, bool known_end)
+{
+    ExtreeSnapshotInfo info = { .name = "s" };
+    uint64_t n = 24000;
+    Dev d;
+    int ret;
+
+    dev_new(&d, 32 * 1024 * 1024);
+    for (uint64_t i = 0; i < n; i++) {
+        g_assert_cmpint(dev_write(&d, i * 2 * BSZ, BSZ), ==, 0);
+    }
+    if (revert) {
+        /* host holes between the blocks the snapshot keeps */
+        for (uint64_t i = 0; i < n; i += 2) {
+            g_assert_cmpint(dev_discard(&d, i * 2 * BSZ, BSZ), ==, 0);
+        }
+    }
+    g_assert_cmpint(dev_commit(&d), ==, 0);
+    g_assert_cmpint(extree_snapshot_create(d.t, &info), ==, 0);
+    if (revert) {
+        /* new blocks for odd guest blocks fill the holes */
+        for (uint64_t i = 0; i < n; i += 2) {
+            g_assert_cmpint(dev_write(&d, (i * 2 + 1) * BSZ, BSZ), ==, 0);
+        }
+    } else {
+        /* the live tree lets go of every other block of the snapshot's */
+        for (uint64_t i = 0; i < n; i += 2) {
+            g_assert_cmpint(dev_write(&d, i * 2 * BSZ, BSZ), ==, 0);
+        }
+    }
+    g_assert_cmpint(dev_commit(&d), ==, 0);
+    dev_fill(&d, 2 * n + 1);
+    if (!known_end) {
+        dev_reopen(&d);
+    }
+
+    dev_grow_to(&d, extree_grow_bound_nodes(d.t, 0));
+    ret = revert ? extree_snapshot_goto(d.t, 0) :
+                   extree_snapshot_delete(d.t, 0);
+    if (g_test_verbose()) {
+        g_printerr("%s: %d, broken %d, host_end %" PRIu64 " of %" PRIu64
+                   "\n", revert ? "revert" : "delete", ret,
+                   extree_is_broken(d.t), extree_host_end(d.t), d.size);
+    }
+    if (ret < 0) {
+        g_assert_cmpint(ret, ==, -ENOSPC);
+    }
+    g_assert_false(extree_is_broken(d.t));
+    g_assert_cmpuint(extree_host_end(d.t), <=, d.size);
+    g_assert_cmpint(dev_commit(&d), ==, 0);
+    if (ret < 0) {
+        /*
+         * Untouched, and able to go on: the guest frees space, and then
+         * the operation goes through
+         */
+        g_assert_cmpint(extree_snapshot_count(d.t), ==, 1);
+        g_assert_cmpint(dev_discard(&d, 0, VSIZE), ==, 0);
+        g_assert_cmpint(dev_commit(&d), ==, 0);
+        dev_grow_to(&d, extree_grow_bound_nodes(d.t, 0));
+        g_assert_cmpint(revert ? extree_snapshot_goto(d.t, 0) :
+                                 extree_snapshot_delete(d.t, 0), ==, 0);
+    }
+    g_assert_cmpint(dev_write(&d, 8 * 1024 * 1024, 64 * 1024), ==, 0);
+    g_assert_cmpint(dev_commit(&d), ==, 0);
+    dev_check(&d);
+    dev_reopen(&d);
+    dev_check(&d);
+    dev_free(&d);
+}
+
+static void test_snapshot_delete_fragmented(void)
+{
+    test_snapshot_fragmented(false, false);
+}
+
+static void test_snapshot_delete_fragmented_known(void)
+{
+    test_snapshot_fragmented(false, true);
+}
+
+static void test_snapshot_revert_fragmented(void)
+{
+    test_snapshot_fragmented(true, false);
+}
+
+static void test_snapshot_revert_fragmented_known(void)
+{
+    test_snapshot_fragmented(true, true);
+}
+
+/*
  * (b) Writes into 48 KiB holes of a full device succeed after a reopen as
  * they do without one (the holes load as freed node space)
  */
@@ -370,6 +489,73 @@ static void test_node_reuse_in_txn(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * extree_rollback(): a transaction of writes, a discard and a snapshot's
+ * changes is dropped with a cursor still holding nodes of it; the handle
+ * is at its last commit, the cursor looks up afresh, and the handle
+ * writes, commits and checks clean
+ */
+static void test_rollback(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BSZ, NSZ);
+    ExtreeOpenOptions o = { .commit_by_caller = true };
+    ExtreeSnapshotInfo info = { .name = "s" };
+    uint64_t end, count;
+    ExtreeCursor cur;
+    ExtreeRun run;
+    ExtreeStats st;
+    Extree *t;
+    char *err = NULL;
+
+    g_assert_cmpint(extree_open(be, &o, &t, &err), ==, 0);
+    for (uint64_t i = 0; i < 3000; i++) {
+        ct_write(t, i * 2 * BSZ, BSZ);
+    }
+    g_assert_cmpint(extree_snapshot_create(t, &info), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    end = extree_host_end(t);
+    count = extree_extent_count(t);
+
+    /* the transaction to drop: new leaves, copies of shared ones, frees */
+    for (uint64_t i = 0; i < 3000; i++) {
+        ct_write(t, (i * 2 + 1) * BSZ, BSZ);
+    }
+    g_assert_cmpint(extree_punch(t, 0, 1000 * BSZ), ==, 0);
+    extree_cursor_init(&cur, t);
+    g_assert_cmpint(extree_cursor_query(&cur, 5000 * BSZ, BSZ,
+                                        EXTREE_COALESCE_HOST, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
+    g_assert_true(extree_is_dirty(t));
+
+    g_assert_true(extree_can_roll_back(t));
+    g_assert_cmpint(extree_rollback(t), ==, 0);
+    g_assert_false(extree_is_dirty(t));
+    g_assert_cmpuint(extree_host_end(t), ==, end);
+    g_assert_cmpuint(extree_extent_count(t), ==, count);
+    g_assert_cmpuint(extree_snapshot_count(t), ==, 1);
+    extree_stats(t, &st);
+    g_assert_cmpuint(st.rollbacks, ==, 1);
+    /* an odd block again unwritten, an even one written */
+    g_assert_cmpint(extree_cursor_query(&cur, 5001 * BSZ, BSZ,
+                                        EXTREE_COALESCE_HOST, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_UNALLOC);
+    g_assert_cmpint(extree_cursor_query(&cur, 0, BSZ,
+                                        EXTREE_COALESCE_HOST, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
+    extree_cursor_release(&cur);
+
+    ct_write(t, 1 * BSZ, 64 * BSZ);
+    g_assert_cmpint(extree_snapshot_delete(t, 0), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    t = ct_open(be);
+    g_assert_cmpuint(extree_snapshot_count(t), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -380,7 +566,16 @@ int main(int argc, char **argv)
                     test_huge_punch_core_commits);
     g_test_add_func("/enospc/snapshot-delete-full", test_snapshot_delete_full);
     g_test_add_func("/enospc/snapshot-revert-full", test_snapshot_revert_full);
+    g_test_add_func("/enospc/snapshot-delete-fragmented",
+                    test_snapshot_delete_fragmented);
+    g_test_add_func("/enospc/snapshot-delete-fragmented-known-end",
+                    test_snapshot_delete_fragmented_known);
+    g_test_add_func("/enospc/snapshot-revert-fragmented",
+                    test_snapshot_revert_fragmented);
+    g_test_add_func("/enospc/snapshot-revert-fragmented-known-end",
+                    test_snapshot_revert_fragmented_known);
     g_test_add_func("/enospc/holes-after-reopen", test_holes_after_reopen);
     g_test_add_func("/enospc/node-reuse-in-txn", test_node_reuse_in_txn);
+    g_test_add_func("/enospc/rollback", test_rollback);
     return g_test_run();
 }
