@@ -717,12 +717,16 @@ static inline void extree_snap_tree(Extree *t, const ExtreeSnap *sn,
 
 /*
  * Updates need a handle that may change: read-write, not broken, not
- * marked corrupt, free space known
+ * marked corrupt, free space known.  A handle broken by a lack of space
+ * says so (-ENOSPC) until it is rolled back.
  */
 static inline int extree_check_writable(const Extree *t)
 {
     if (t->read_only) {
         return -EROFS;
+    }
+    if (t->broken && t->broken_nospace) {
+        return -ENOSPC;
     }
     if (t->broken || (t->incompat & EXTREE_INCOMPAT_CORRUPT) ||
         !t->space.alloc_loaded) {

@@ -616,7 +616,7 @@ int extree_commit(Extree *t)
         return -EROFS;
     }
     if (t->broken || !t->space.alloc_loaded) {
-        return -EIO;
+        return t->broken && t->broken_nospace ? -ENOSPC : -EIO;
     }
 
     /*
