@@ -75,6 +75,14 @@
  * fails the guest's write with -ENOSPC, not a tree update half-way
  */
 #define EXT_META_HEADROOM_NODES 64
+/*
+ * ... of which a tree update needs this much to begin (the guard,
+ * extree_alloc_update_fits()): one piece's copies, splits and merges and
+ * the commit of what it logs.  The difference keeps the mapping of data
+ * just placed from being refused, and lets discards run on a device that
+ * data has filled and whose commits used some of the headroom.
+ */
+#define EXT_UPDATE_HEADROOM_NODES 32
 /* Commit cuts free space at the end of the file from this size on */
 #define EXT_SHRINK_MIN          (1024 * 1024)
 
@@ -546,9 +554,11 @@ bool extree_alloc_room_short(const Extree *t)
  * The guard of a backend of fixed size (issue 33): may a tree update, or
  * the next piece of one, begin?  Only while the room for nodes (the known
  * free space and what is left up to the device's end) holds
- * extree_alloc_nodes_estimate(): the headroom in it takes the nodes one
- * piece (the items of one leaf) copies, splits and merges, the rest those
- * of the commit after it.  An update that would start without that room
+ * extree_alloc_nodes_estimate() with EXT_UPDATE_HEADROOM_NODES for its
+ * headroom, which takes the nodes one piece (the items of one leaf)
+ * copies, splits and merges and the commit of what it logs; the rest of
+ * the estimate is the nodes the commit after it needs for what the
+ * transaction logged before.  An update that would start without that room
  * fails with -ENOSPC before it changes anything, and one cut into pieces
  * (extree_extent_update()) stops between two: either way the handle can
  * commit what it has, and the commit makes the space the transaction
@@ -560,7 +570,8 @@ bool extree_alloc_update_fits(const Extree *t)
         return true;
     }
     return (node_room(t) + grow_room(t, false)) / t->node_size >=
-           extree_alloc_nodes_estimate(t);
+           extree_alloc_nodes_estimate(t) - EXT_META_HEADROOM_NODES +
+           EXT_UPDATE_HEADROOM_NODES;
 }
 
 /*

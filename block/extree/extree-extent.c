@@ -131,6 +131,28 @@ static int replace(Extree *t, const ExtreeItem *it, uint64_t guest,
 }
 
 /*
+ * Is guest [pos, end) one ZERO item's already?  Then a ZERO update of it
+ * changes nothing: a range that stopped for room and is taken up again
+ * (extree_set_zero()) must not copy the leaves it did before, or the
+ * caller's commit-and-retry would never end.  One search, mostly cached.
+ */
+static int zero_already(Extree *t, uint64_t pos, uint64_t end, bool *yes)
+{
+    ExtreeItem prev, next;
+    bool hp, hn;
+    int ret = extree_bt_find(t, &t->trees[EXTREE_TREE_EXTENT], pos, &prev,
+                             &hp, &next, &hn);
+
+    if (hn && next.key == pos) {
+        prev = next;
+        hp = true;
+    }
+    *yes = ret == 0 && hp && prev.type == EXTREE_ITEM_ZERO &&
+           prev.key <= pos && prev.key + prev.length >= end;
+    return ret;
+}
+
+/*
  * Make guest [guest, guest + bytes) hold @it (DATA or ZERO), or nothing
  * if it->type is 0.
  *
@@ -144,7 +166,8 @@ static int replace(Extree *t, const ExtreeItem *it, uint64_t guest,
  * stops with -ENOSPC, and what it did is a consistent state the caller
  * commits (or the core does, without commit_by_caller) before it goes on
  * with the rest: ZERO and punch are idempotent, so the same call again
- * finishes the range.  DATA is mapped in one piece: the caller allocated
+ * finishes the range, and pieces done already change nothing again (a
+ * punch finds no item, a ZERO piece one ZERO item: zero_already()).  DATA is mapped in one piece: the caller allocated
  * it for the whole range.
  */
 int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
@@ -172,18 +195,24 @@ int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
     }
     while (pos < end) {
         uint64_t cut;
+        bool done = false;
 
-        if (pos > guest && !extree_alloc_update_fits(t)) {
-            return -ENOSPC;
-        }
         ret = extree_bt_leaf_end(t, et, pos, &cut);
+        if (ret == 0 && it->type == EXTREE_ITEM_ZERO) {
+            ret = zero_already(t, pos, MIN(cut, end), &done);
+        }
         if (ret < 0) {
             return ret;
         }
         cut = MIN(cut, end);
-        ret = replace(t, it, pos, cut - pos);
-        if (ret < 0) {
-            return ret;
+        if (!done) {
+            if (pos > guest && !extree_alloc_update_fits(t)) {
+                return -ENOSPC;
+            }
+            ret = replace(t, it, pos, cut - pos);
+            if (ret < 0) {
+                return ret;
+            }
         }
         pos = cut;
     }
