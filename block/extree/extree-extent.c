@@ -167,8 +167,9 @@ static int zero_already(Extree *t, uint64_t pos, uint64_t end, bool *yes)
  * commits (or the core does, without commit_by_caller) before it goes on
  * with the rest: ZERO and punch are idempotent, so the same call again
  * finishes the range, and pieces done already change nothing again (a
- * punch finds no item, a ZERO piece one ZERO item: zero_already()).  DATA is mapped in one piece: the caller allocated
- * it for the whole range.
+ * punch finds no item, a ZERO piece one ZERO item: zero_already()).
+ * DATA is mapped in one piece: the caller allocated it for the whole
+ * range.
  */
 int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
                          uint64_t bytes)
