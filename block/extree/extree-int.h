@@ -388,6 +388,11 @@ struct ExtreeRange {
 typedef struct ExtreeRangeSet {
     ExtreeRange *root;
     uint64_t count, bytes;
+    /*
+     * With @unit set (the allocator's avail and nfree: node_size), the
+     * sum of len / unit over the ranges: how many nodes they hold
+     */
+    uint64_t unit, units;
     uint32_t rng;
     /* open: the right spine while ranges are appended in order */
     GPtrArray *spine;

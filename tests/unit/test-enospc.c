@@ -566,6 +566,62 @@ static void test_rollback(void)
 }
 
 /*
+ * The backstop for a device whose end nobody told the core (a caller that
+ * does not grow the file first): the commit's node writes fail with
+ * -ENOSPC past the end, the core takes the device's length as its limit
+ * and the handle, broken, rolls back to the last commit; from then on
+ * host_end stays within the device and commits work
+ */
+static void test_learn_limit(void)
+{
+    uint64_t size = 4 * 1024 * 1024, n = 0, end;
+    ExtreeBackend *be = ct_create(VSIZE, BSZ, NSZ);
+    Extree *t;
+    int ret;
+
+    extree_mem_backend_set_fixed_size(be, size);
+    t = ct_open(be);
+    ct_write(t, 0, size - 256 * 1024);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    end = extree_host_end(t);
+    /* nodes of many ZERO items, in new space past the device's end */
+    for (uint64_t i = 0; i < 20000; i++) {
+        g_assert_cmpint(extree_set_zero(t, (16384 + 2 * i) * BSZ, BSZ), ==,
+                        0);
+    }
+    g_assert_cmpuint(extree_host_end(t), >, size);
+    g_assert_cmpint(extree_commit(t), ==, -ENOSPC);
+    g_assert_true(extree_is_broken(t));
+    g_assert_true(extree_can_roll_back(t));
+    g_assert_cmpint(extree_punch(t, 0, BSZ), ==, -ENOSPC);
+    g_assert_cmpint(extree_rollback(t), ==, 0);
+    g_assert_false(extree_is_broken(t));
+    g_assert_cmpuint(extree_host_end(t), ==, end);
+
+    /* the limit holds now: room made, single blocks until it is full */
+    g_assert_cmpint(extree_punch(t, 0, 1024 * 1024), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    for (;;) {
+        uint64_t host, got;
+
+        ret = extree_alloc_data(t, (2 * n + 4096) * BSZ, BSZ, &host, &got);
+        if (ret < 0) {
+            break;
+        }
+        g_assert_cmpint(extree_map_data(t, (2 * n + 4096) * BSZ, got, host),
+                        ==, 0);
+        n++;
+    }
+    g_assert_cmpint(ret, ==, -ENOSPC);
+    g_assert_cmpuint(n, >, 1000);
+    g_assert_cmpuint(extree_host_end(t), <=, size);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/*
  * Randomized, against the reference model (tests/unit/model.c): writes,
  * discards, zero writes, snapshot take, revert and delete on a small
  * device of fixed size, driven like the QEMU driver, past -ENOSPC and on,
@@ -971,6 +1027,7 @@ int main(int argc, char **argv)
     g_test_add_func("/enospc/holes-after-reopen", test_holes_after_reopen);
     g_test_add_func("/enospc/node-reuse-in-txn", test_node_reuse_in_txn);
     g_test_add_func("/enospc/rollback", test_rollback);
+    g_test_add_func("/enospc/learn-limit", test_learn_limit);
     for (unsigned i = 0; i < G_N_ELEMENTS(m_variants); i++) {
         g_test_add_data_func(m_variants[i].name, &m_variants[i], test_model);
     }
