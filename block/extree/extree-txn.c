@@ -582,18 +582,25 @@ void extree_discard_deferred(Extree *t)
 }
 
 /*
- * A write past the end of the backend failed with -ENOSPC: the backend is
- * of fixed size, and its length is the limit from now on (as if the
- * caller had said so with extree_set_host_limit())
+ * A node write failed with -ENOSPC.  If the backend ends before host_end,
+ * it is of fixed size and its end was not known: its length is the limit
+ * from now on (as if the caller had said so with
+ * extree_set_host_limit()), and no retry can write there.  True then.
+ * Otherwise the storage under a file that holds host_end ran out (a full
+ * host file system, a thin volume): the commit keeps its dirty state and
+ * a later one retries, once there is space again.
  */
-static void learn_host_limit(Extree *t)
+static bool learn_host_limit(Extree *t)
 {
     int64_t len = t->be->ops->get_length(t->be->opaque);
 
-    if (len > (int64_t)t->data_start &&
-        (!t->space.host_limit || (uint64_t)len < t->space.host_limit)) {
+    if (len <= (int64_t)t->data_start || (uint64_t)len >= t->host_end) {
+        return false;
+    }
+    if (!t->space.host_limit || (uint64_t)len < t->space.host_limit) {
         t->space.host_limit = len;
     }
+    return true;
 }
 
 /*
@@ -653,14 +660,13 @@ int extree_commit(Extree *t)
         ret = t->be->ops->pwrite(t->be->opaque, t->snap_table, buf, len);
         g_free(buf);
     }
-    if (ret == -ENOSPC) {
+    if (ret == -ENOSPC && learn_host_limit(t)) {
         /*
          * A backend of fixed size whose end was not known (and that the
-         * caller's growing did not find out) ends before host_end: no
-         * retry can write there.  Its end is known now, and the
-         * transaction can only be dropped (extree_rollback()).
+         * caller's growing did not find out) ends before host_end: its
+         * end is known now, and the transaction can only be dropped
+         * (extree_rollback())
          */
-        learn_host_limit(t);
         t->broken = t->broken_nospace = true;
     }
     if (ret < 0) {

@@ -622,6 +622,87 @@ static void test_learn_limit(void)
 }
 
 /*
+ * A thin volume or a full host file system under a file that holds
+ * host_end: node writes fail with -ENOSPC for a while.  That is no device
+ * end to learn: the commit keeps its dirty state, the handle is not
+ * broken, and once there is space again the next commit writes it all.
+ */
+typedef struct Thin {
+    ExtreeBackend *mem;
+    bool full;
+} Thin;
+
+static int thin_pread(void *opaque, uint64_t offset, void *buf,
+                      uint64_t bytes)
+{
+    Thin *th = opaque;
+
+    return th->mem->ops->pread(th->mem->opaque, offset, buf, bytes);
+}
+
+static int thin_pwrite(void *opaque, uint64_t offset, const void *buf,
+                       uint64_t bytes)
+{
+    Thin *th = opaque;
+
+    if (th->full) {
+        return -ENOSPC;
+    }
+    return th->mem->ops->pwrite(th->mem->opaque, offset, buf, bytes);
+}
+
+static int thin_flush(void *opaque)
+{
+    Thin *th = opaque;
+
+    return th->mem->ops->flush(th->mem->opaque);
+}
+
+/* a file grown ahead, sparse: always longer than host_end */
+static int64_t thin_get_length(void *opaque)
+{
+    return 1LL << 40;
+}
+
+static const ExtreeBackendOps thin_ops = {
+    .pread = thin_pread,
+    .pwrite = thin_pwrite,
+    .flush = thin_flush,
+    .get_length = thin_get_length,
+};
+
+static void test_thin_full(void)
+{
+    Thin th = { .mem = ct_create(VSIZE, BSZ, NSZ) };
+    ExtreeBackend be = { &thin_ops, &th };
+    Extree *t = ct_open(&be);
+    uint64_t gen;
+
+    ct_write(t, 0, 4 * 1024 * 1024);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    gen = extree_generation(t);
+    for (uint64_t i = 0; i < 2000; i++) {
+        ct_write(t, (8192 + 2 * i) * BSZ, BSZ);
+    }
+    th.full = true;
+    g_assert_cmpint(extree_commit(t), ==, -ENOSPC);
+    g_assert_false(extree_is_broken(t));
+    g_assert_true(extree_is_dirty(t));
+    g_assert_cmpint(extree_commit(t), ==, -ENOSPC);
+    th.full = false;
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpuint(extree_generation(t), ==, gen + 1);
+    g_assert_cmpuint(extree_extent_count(t), ==, 2000);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    t = ct_open(&be);
+    g_assert_cmpuint(extree_extent_count(t), ==, 2000);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(th.mem);
+}
+
+/*
  * Randomized, against the reference model (tests/unit/model.c): writes,
  * discards, zero writes, snapshot take, revert and delete on a small
  * device of fixed size, driven like the QEMU driver, past -ENOSPC and on,
@@ -1028,6 +1109,7 @@ int main(int argc, char **argv)
     g_test_add_func("/enospc/node-reuse-in-txn", test_node_reuse_in_txn);
     g_test_add_func("/enospc/rollback", test_rollback);
     g_test_add_func("/enospc/learn-limit", test_learn_limit);
+    g_test_add_func("/enospc/thin-full", test_thin_full);
     for (unsigned i = 0; i < G_N_ELEMENTS(m_variants); i++) {
         g_test_add_data_func(m_variants[i].name, &m_variants[i], test_model);
     }
