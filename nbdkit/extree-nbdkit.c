@@ -182,6 +182,13 @@ static int xp_open_core(bool read_only)
     const char *warn;
     int ret, idx;
 
+    ret = xp_lock_image(!read_only, &errmsg);
+    if (ret < 0) {
+        nbdkit_error("%s: %s", cfg.file, errmsg);
+        g_free(errmsg);
+        xp.t = NULL;
+        return -1;
+    }
     ret = extree_open(&xp.be, &o, &xp.t, &errmsg);
     if (ret < 0) {
         if (ret == -EACCES && !read_only) {
@@ -270,6 +277,7 @@ static int xp_create_image(void)
  */
 static int xp_get_ready(void)
 {
+    char *errmsg = NULL;
     bool existed;
     struct stat st;
     int flags = O_RDWR | O_CLOEXEC;
@@ -306,6 +314,11 @@ static int xp_get_ready(void)
     xp.be.ops = &xp_backend_ops;
     xp.be.opaque = NULL;
 
+    if (cfg.create && xp_lock_image(true, &errmsg) < 0) {
+        nbdkit_error("%s: %s", cfg.file, errmsg);
+        g_free(errmsg);
+        return -1;
+    }
     if (cfg.create && xp_create_image() < 0) {
         if (!existed) {
             unlink(cfg.file);

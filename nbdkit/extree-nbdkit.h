@@ -84,6 +84,12 @@ int xp_pread_full(void *buf, uint64_t bytes, uint64_t offset);
 int xp_pwrite_full(const void *buf, uint64_t bytes, uint64_t offset);
 /* The file's length, or a block device's size; -errno */
 int64_t xp_file_length(void);
+/*
+ * Take QEMU's locks for an image opened read-only or (@write) read/write;
+ * -EAGAIN with QEMU's message in *@errmsg if another process (QEMU, another
+ * nbdkit) holds it in a way that conflicts.  Kept until xp.fd is closed.
+ */
+int xp_lock_image(bool write, char **errmsg);
 
 /* ---- extree-nbdkit-io.c ---- */
 

@@ -16,7 +16,7 @@ Measures, in alternating rounds (one run of each server per round), medians:
   randwrite   the same with random writes over the written data (in place)
 
 Usage:
-  scripts/bench-nbdkit.py [--runs N] [--seconds S] [--scale 1/N] [--dir DIR]
+  scripts/bench-nbdkit.py [--runs N] [--seconds S] [--scale full|quick|1/N] [--dir DIR]
 
 The images are built once in DIR (default build/bench-nbdkit) from
 scripts/bench-images.py's S1 layout (--scale 1/N shrinks it) and from 1 GiB
@@ -150,7 +150,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--runs', type=int, default=5)
     ap.add_argument('--seconds', type=int, default=10)
-    ap.add_argument('--scale', default='1')
+    ap.add_argument('--scale', default='full')
     ap.add_argument('--dir', default=os.path.join(TOP, 'build',
                                                   'bench-nbdkit'))
     a = ap.parse_args()

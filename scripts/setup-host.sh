@@ -123,9 +123,13 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # Debian's own QEMU, libguestfs and a kernel for its appliance: the nbdkit
-# plugin's tests use a distribution's binaries, not this project's.  Without
-# recommends (qemu-system-x86 would pull in a desktop's worth).
-stock=(qemu-utils qemu-system-x86 libguestfs-tools linux-image-amd64)
+# plugin's tests use a distribution's binaries, not this project's
+# (qemu-block-extra: its rbd, iscsi, ... modules).  Ceph's daemons and
+# librbd: QEMU's rbd driver, and the one-node cluster of extree-rbd
+# (scripts/ceph-cluster.sh).  Without recommends (qemu-system-x86 would
+# pull in a desktop's worth, ceph-mgr half of Python's).
+stock=(qemu-utils qemu-block-extra qemu-system-x86 libguestfs-tools linux-image-amd64
+       ceph-mon ceph-osd ceph-mgr ceph-common librbd-dev)
 missing=()
 for p in "${stock[@]}"; do
     dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
