@@ -247,6 +247,26 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s)
     /* the free-space tree's nodes are allocated now */
     xt_grow_before_nodes(s, 0);
     ret = extree_commit(s->t);
+    if (ret < 0 && extree_is_broken(s->t) && extree_can_roll_back(s->t)) {
+        /*
+         * Out of space half-way through an update or this commit: an
+         * estimate fell short, or storage of fixed size ended before the
+         * grow-ahead found out.  No request holds a range of the
+         * transaction (the gate is closed), so drop it and go on from the
+         * last commit, as a reopen would, instead of failing every later
+         * request.  The failed commit reports the loss.
+         */
+        error_report("extree: %s: no space left for metadata; changes "
+                     "since the last commit are lost",
+                     bdrv_get_device_or_node_name(s->bs));
+        if (extree_rollback(s->t) == 0) {
+            s->file_len = -1;
+            qatomic_set(&s->virtual_size, extree_virtual_size(s->t));
+            extree_cursor_release(&s->status_cursor);
+            extree_cursor_init(&s->status_cursor, s->t);
+        }
+        ret = -ENOSPC;
+    }
     if (--s->commit_waiting == 0) {
         qemu_co_queue_restart_all(&s->io_queue);
     }
@@ -817,14 +837,33 @@ static int coroutine_fn GRAPH_RDLOCK
 xt_update_range(BDRVExtreeState *s, uint64_t start, uint64_t end,
                 ExtreeRangeOp op)
 {
+    int ret;
+
     assert(QEMU_IS_ALIGNED(start | end, s->block_size) && start < end);
     trace_extree_update_range(s, start, end, op);
-    xt_wait_alloc(s, start, end);
-    xt_grow_before_nodes(s, 0);
-    if (op == EXTREE_OP_ZERO) {
-        return extree_set_zero(s->t, start, end - start);
+    for (;;) {
+        xt_wait_alloc(s, start, end);
+        xt_grow_before_nodes(s, 0);
+        if (op == EXTREE_OP_ZERO) {
+            ret = extree_set_zero(s->t, start, end - start);
+        } else {
+            ret = extree_punch(s->t, start, end - start);
+        }
+        /*
+         * On storage of fixed size the core stops between two leaves when
+         * the room for nodes runs short (docs/devel/extree.rst, "Running
+         * out of space"): commit what the transaction did, which makes
+         * the space it freed reusable, and go on with the same range
+         * (punch and zero are idempotent).  A call that changed nothing
+         * leaves the transaction clean after the commit: the storage is
+         * full.  The commit drops the lock: look for allocating writes
+         * into the range again.
+         */
+        if (ret != -ENOSPC || !extree_is_dirty(s->t) ||
+            xt_commit_locked(s) < 0) {
+            return ret;
+        }
     }
-    return extree_punch(s->t, start, end - start);
 }
 
 /*
@@ -1198,8 +1237,18 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
             ret = -EINVAL;
             goto out;
         }
-        xt_wait_alloc(s, QEMU_ALIGN_DOWN(offset, bsz), UINT64_MAX);
-        ret = extree_set_virtual_size(s->t, offset);
+        /*
+         * The cut-off blocks first, so that on full storage of fixed size
+         * they go in pieces with commits in between (xt_update_range())
+         */
+        if (ROUND_UP(offset, bsz) < ROUND_UP(old, bsz)) {
+            ret = xt_update_range(s, ROUND_UP(offset, bsz),
+                                  ROUND_UP(old, bsz), EXTREE_OP_PUNCH);
+        }
+        if (ret == 0) {
+            xt_wait_alloc(s, QEMU_ALIGN_DOWN(offset, bsz), UINT64_MAX);
+            ret = extree_set_virtual_size(s->t, offset);
+        }
         if (ret < 0) {
             error_setg_errno(errp, -ret, "Could not shrink the image");
             goto out;

@@ -131,6 +131,18 @@ int xp_commit_locked(void)
         pthread_cond_wait(&xp.cond, &xp.lock);
     }
     ret = extree_commit(xp.t);
+    if (ret < 0 && extree_is_broken(xp.t) && extree_can_roll_back(xp.t)) {
+        /*
+         * Out of space half-way through an update or this commit (an
+         * estimate fell short): no request holds a range of the
+         * transaction, so drop it and go on from the last commit, as a
+         * reopen would, instead of failing every later request
+         */
+        nbdkit_error("no space left for metadata; changes since the last "
+                     "commit are lost");
+        extree_rollback(xp.t);
+        ret = -ENOSPC;
+    }
     xp.commit_waiting--;
     pthread_cond_broadcast(&xp.cond);
     if (ret < 0 && !xp.corrupt_pending) {
@@ -146,6 +158,29 @@ static int xp_update_done(void)
         return xp_commit_locked();
     }
     return 0;
+}
+
+/*
+ * Guest [@start, @end) becomes ZERO (@zero) or holes.  On storage of
+ * fixed size the core stops between two leaves when the room for nodes
+ * runs short (docs/devel/extree.rst, "Running out of space"): commit what
+ * the transaction did, which makes the space it freed reusable, and go
+ * on with the same range (both are idempotent); a call that changed
+ * nothing leaves the transaction clean after the commit, and the storage
+ * is full.  xp.lock held, not counted in xp.inflight.
+ */
+static int xp_update_range(uint64_t start, uint64_t end, bool zero)
+{
+    int ret;
+
+    for (;;) {
+        ret = zero ? extree_set_zero(xp.t, start, end - start) :
+                     extree_punch(xp.t, start, end - start);
+        if (ret != -ENOSPC || !extree_is_dirty(xp.t) ||
+            xp_commit_locked() < 0) {
+            return ret;
+        }
+    }
 }
 
 /* Set errno for nbdkit from a -errno and return -1 */
@@ -492,7 +527,7 @@ int xp_trim(void *handle, uint32_t count, uint64_t offset,
 
     xp_lock();
     if (xp_whole_blocks(offset, count, &start, &end)) {
-        ret = extree_punch(xp.t, start, end - start);
+        ret = xp_update_range(start, end, false);
         if (ret == 0) {
             ret = xp_update_done();
         }
@@ -564,7 +599,7 @@ static int xp_zero_partial(uint64_t offset, uint64_t bytes, bool fast)
     case EXTREE_RUN_ZERO:
         return 0;
     case EXTREE_RUN_UNALLOC:
-        return extree_set_zero(xp.t, bstart, bs);
+        return xp_update_range(bstart, bstart + bs, true);
     default:
         if (in_place) {
             return xp_zero_host(run.host, bytes, false);
@@ -586,7 +621,7 @@ static int xp_zero_blocks(uint64_t start, uint64_t end, bool may_trim,
     int ret = 0;
 
     if (may_trim) {
-        return extree_set_zero(xp.t, start, end - start);
+        return xp_update_range(start, end, true);
     }
     extree_cursor_init(&cur, xp.t);
     while (start < end) {
@@ -609,7 +644,7 @@ static int xp_zero_blocks(uint64_t start, uint64_t end, bool may_trim,
         if (run.type == EXTREE_RUN_DATA && in_place) {
             ret = xp_zero_host(run.host, next - start, fast);
         } else if (run.type != EXTREE_RUN_ZERO) {
-            ret = extree_set_zero(xp.t, start, next - start);
+            ret = xp_update_range(start, next, true);
         }
         if (ret < 0) {
             break;

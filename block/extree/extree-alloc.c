@@ -75,6 +75,14 @@
  * fails the guest's write with -ENOSPC, not a tree update half-way
  */
 #define EXT_META_HEADROOM_NODES 64
+/*
+ * ... of which a tree update needs this much to begin (the guard,
+ * extree_alloc_update_fits()): one piece's copies, splits and merges and
+ * the commit of what it logs.  The difference keeps the mapping of data
+ * just placed from being refused, and lets discards run on a device that
+ * data has filled and whose commits used some of the headroom.
+ */
+#define EXT_UPDATE_HEADROOM_NODES 32
 /* Commit cuts free space at the end of the file from this size on */
 #define EXT_SHRINK_MIN          (1024 * 1024)
 
@@ -82,6 +90,7 @@
 
 void extree_alloc_init(Extree *t)
 {
+    t->space.avail.unit = t->space.nfree.unit = t->node_size;
     t->space.oplog = g_array_new(false, false, sizeof(ExtreeAllocOp));
     t->space.freed_data = g_array_new(false, false, sizeof(ExtreeAllocOp));
     t->space.freed_nodes = g_array_new(false, false, sizeof(ExtreeAllocOp));
@@ -210,41 +219,39 @@ uint64_t extree_alloc_nodes_need(const Extree *t, uint64_t contig)
  * the free or reference count tree and a split, which is what the
  * commit's syncs write for it
  */
+static uint64_t nodes_per_logged(const Extree *t)
+{
+    return 2 * (MAX(t->trees[EXTREE_TREE_FREE].level,
+                    t->trees[EXTREE_TREE_REFS].level) + 2);
+}
+
 uint64_t extree_alloc_nodes_estimate(const Extree *t)
 {
     uint64_t logged = t->space.oplog->len +
                       (t->space.reflog ? t->space.reflog->len : 0);
-    uint64_t levels = MAX(t->trees[EXTREE_TREE_FREE].level,
-                          t->trees[EXTREE_TREE_REFS].level) + 2;
 
-    return EXT_META_HEADROOM_NODES + logged * 2 * levels;
+    return EXT_META_HEADROOM_NODES + logged * nodes_per_logged(t);
+}
+
+/*
+ * The room for nodes in the known free space with host_end where it is:
+ * nodes come from any free node-sized range before the file grows
+ * (extree_alloc_meta()), so what counts is the nodes all of them hold
+ * (the sets count them, ExtreeRangeSet.units), not one long range.  (A
+ * lower bound that took a node's length less a block off each range
+ * counted 1 MiB free in 4 KiB holes as 72 nodes, and refused data on a
+ * device a quarter empty.)  O(1).
+ */
+static uint64_t node_room(const Extree *t)
+{
+    return resv_bytes(t) +
+           (t->space.avail.units + t->space.nfree.units) * t->node_size;
 }
 
 /*
  * Can the known free space take those nodes and @contig bytes in one run
- * with host_end where it is?  Nodes come from any free node-sized range
- * before the file grows (extree_alloc_meta()), so what counts is the room
- * of all of them (a lower bound: a range loses less than a node to its
- * length), not one long range.  O(1).
+ * with host_end where it is?  O(1).
  */
-/*
- * The room for nodes in the known free space with host_end where it is (a
- * lower bound: a range loses less than a node to its length).  O(1).
- */
-static uint64_t node_room(const Extree *t)
-{
-    const ExtreeRangeSet *sets[2] = { &t->space.avail, &t->space.nfree };
-    uint64_t ns = t->node_size;
-    uint64_t slack = ns > t->block_size ? ns - t->block_size : 0;
-    uint64_t room = resv_bytes(t);
-
-    for (int i = 0; i < 2; i++) {
-        uint64_t lost = sets[i]->count * slack;
-        room += sets[i]->bytes > lost ? sets[i]->bytes - lost : 0;
-    }
-    return room;
-}
-
 bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig)
 {
     uint64_t ns = t->node_size;
@@ -536,6 +543,49 @@ bool extree_alloc_room_short(const Extree *t)
     }
     return (node_room(t) + grow_room(t, false)) / t->node_size <
            extree_alloc_nodes_estimate(t) + EXT_META_HEADROOM_NODES;
+}
+
+/*
+ * The guard of a backend of fixed size (issue 33): may a tree update, or
+ * the next piece of one, begin?  Only while the room for nodes (the known
+ * free space and what is left up to the device's end) holds
+ * extree_alloc_nodes_estimate() with EXT_UPDATE_HEADROOM_NODES for its
+ * headroom, which takes the nodes one piece (the items of one leaf)
+ * copies, splits and merges and the commit of what it logs; the rest of
+ * the estimate is the nodes the commit after it needs for what the
+ * transaction logged before.  An update that would start without that room
+ * fails with -ENOSPC before it changes anything, and one cut into pieces
+ * (extree_extent_update()) stops between two: either way the handle can
+ * commit what it has, and the commit makes the space the transaction
+ * freed reusable.  Always true on a backend that grows.  O(1).
+ */
+bool extree_alloc_update_fits(const Extree *t)
+{
+    if (!t->space.host_limit || !t->space.alloc_loaded) {
+        return true;
+    }
+    return (node_room(t) + grow_room(t, false)) / t->node_size >=
+           extree_alloc_nodes_estimate(t) - EXT_META_HEADROOM_NODES +
+           EXT_UPDATE_HEADROOM_NODES;
+}
+
+/*
+ * On a backend of fixed size, the most data may take now: what leaves
+ * extree_alloc_update_fits() true after the take, which logs a range and
+ * may split a free range (a node's room lost); UINT64_MAX on a backend
+ * that grows.  So the mapping of data placed always finds the room the
+ * guard asks for, unless other updates came in between.  O(1).
+ */
+uint64_t extree_alloc_data_allowance(const Extree *t)
+{
+    uint64_t ns = t->node_size, room, need;
+
+    if (!t->space.host_limit || !t->space.alloc_loaded) {
+        return UINT64_MAX;
+    }
+    room = node_room(t) + grow_room(t, false);
+    need = (extree_alloc_nodes_estimate(t) + nodes_per_logged(t) + 1) * ns;
+    return room > need ? (room - need) / t->block_size * t->block_size : 0;
 }
 
 /*

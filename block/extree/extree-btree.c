@@ -575,6 +575,24 @@ int extree_bt_seek(Extree *t, ExtreeTree *tree, uint64_t key, ExtreePath *p)
     return bt_search(t, tree, key, key, p, false, true);
 }
 
+/*
+ * The exclusive key bound of the leaf that holds @key (UINT64_MAX for the
+ * last leaf): an update cut there changes one leaf's items at a time.
+ * One descent, read-only.
+ */
+int extree_bt_leaf_end(Extree *t, ExtreeTree *tree, uint64_t key,
+                       uint64_t *end)
+{
+    ExtreePath p = { { 0 } };
+    int ret = extree_bt_seek(t, tree, key, &p);
+
+    if (ret == 0) {
+        *end = path_node_end(tree, &p, 0);
+    }
+    extree_path_release(t, &p);
+    return ret;
+}
+
 /* First item with key >= @key: 0 and *@it, 1 if none, <0 */
 int extree_bt_first(Extree *t, ExtreeTree *tree, uint64_t key,
                     ExtreePath *p, ExtreeItem *it)

@@ -111,15 +111,71 @@ static int release_space(void *opaque, const ExtreeItem *old)
 }
 
 /*
+ * One range replace of the extent tree.  A failure may have stopped
+ * half-way: the handle then refuses further updates (reads stay
+ * possible); after -ENOSPC it can be rolled back to the last commit
+ * (extree_rollback()), else it must be reopened.
+ */
+static int replace(Extree *t, const ExtreeItem *it, uint64_t guest,
+                   uint64_t bytes)
+{
+    ReleaseCtx rc = { t, it };
+    int ret = extree_bt_replace(t, &t->trees[EXTREE_TREE_EXTENT], it, guest,
+                                bytes, release_space, &rc);
+
+    if (ret < 0) {
+        t->broken = true;
+        t->broken_nospace = ret == -ENOSPC;
+    }
+    return ret;
+}
+
+/*
+ * Is guest [pos, end) one ZERO item's already?  Then a ZERO update of it
+ * changes nothing: a range that stopped for room and is taken up again
+ * (extree_set_zero()) must not copy the leaves it did before, or the
+ * caller's commit-and-retry would never end.  One search, mostly cached.
+ */
+static int zero_already(Extree *t, uint64_t pos, uint64_t end, bool *yes)
+{
+    ExtreeItem prev, next;
+    bool hp, hn;
+    int ret = extree_bt_find(t, &t->trees[EXTREE_TREE_EXTENT], pos, &prev,
+                             &hp, &next, &hn);
+
+    if (hn && next.key == pos) {
+        prev = next;
+        hp = true;
+    }
+    *yes = ret == 0 && hp && prev.type == EXTREE_ITEM_ZERO &&
+           prev.key <= pos && prev.key + prev.length >= end;
+    return ret;
+}
+
+/*
  * Make guest [guest, guest + bytes) hold @it (DATA or ZERO), or nothing
- * if it->type is 0.  A failed tree change may have stopped half-way: the
- * handle then refuses further updates (reads stay possible; reopen to
- * recover the last commit).
+ * if it->type is 0.
+ *
+ * On a backend of fixed size no update may run out of node space
+ * half-way (issue 33), so each begins only while the room for nodes holds
+ * what it and the commit after it may take (extree_alloc_update_fits()),
+ * and fails with -ENOSPC, unchanged, otherwise.  A ZERO or punch range
+ * can remove any number of items, and the commit's nodes grow with each
+ * item freed, so it runs in pieces of one leaf's items, each one checked
+ * before it begins: when the room runs short between two, the update
+ * stops with -ENOSPC, and what it did is a consistent state the caller
+ * commits (or the core does, without commit_by_caller) before it goes on
+ * with the rest: ZERO and punch are idempotent, so the same call again
+ * finishes the range, and pieces done already change nothing again (a
+ * punch finds no item, a ZERO piece one ZERO item: zero_already()).
+ * DATA is mapped in one piece: the caller allocated it for the whole
+ * range.
  */
 int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
                          uint64_t bytes)
 {
-    ReleaseCtx rc = { t, it };
+    ExtreeTree *et = &t->trees[EXTREE_TREE_EXTENT];
+    uint64_t pos = guest, end = guest + bytes;
     int ret = check_update(t, guest, bytes);
 
     if (ret < 0) {
@@ -132,12 +188,36 @@ int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
          extree_alloc_is_free(t, it->host, bytes))) {
         return -EINVAL;
     }
-    ret = extree_bt_replace(t, &t->trees[EXTREE_TREE_EXTENT], it, guest, bytes,
-                            release_space, &rc);
-    if (ret < 0) {
-        t->broken = true;
+    if (!extree_alloc_update_fits(t)) {
+        return -ENOSPC;
     }
-    return ret;
+    if (it->type == EXTREE_ITEM_DATA || !t->space.host_limit) {
+        return replace(t, it, guest, bytes);
+    }
+    while (pos < end) {
+        uint64_t cut;
+        bool done = false;
+
+        ret = extree_bt_leaf_end(t, et, pos, &cut);
+        if (ret == 0 && it->type == EXTREE_ITEM_ZERO) {
+            ret = zero_already(t, pos, MIN(cut, end), &done);
+        }
+        if (ret < 0) {
+            return ret;
+        }
+        cut = MIN(cut, end);
+        if (!done) {
+            if (pos > guest && !extree_alloc_update_fits(t)) {
+                return -ENOSPC;
+            }
+            ret = replace(t, it, pos, cut - pos);
+            if (ret < 0) {
+                return ret;
+            }
+        }
+        pos = cut;
+    }
+    return 0;
 }
 
 /* A shared leaf was copied: its DATA gains the copy's reference */
@@ -431,7 +511,9 @@ int extree_data_shared(Extree *t, uint64_t guest, uint64_t bytes,
 /*
  * Host space for guest [guest, guest + bytes): after the guest neighbour's
  * extent, else before the following one, else wherever the allocator
- * places it (extree_alloc_take_any()).  O(log n).
+ * places it (extree_alloc_take_any()).  On a backend of fixed size at
+ * most what leaves the room its mapping's guard asks for
+ * (extree_alloc_data_allowance()), or -ENOSPC.  O(log n).
  */
 int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
                       uint64_t *host, uint64_t *got)
@@ -449,6 +531,11 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
     ret = extree_freetree_load_rest(t);
     if (ret < 0) {
         return ret;
+    }
+    /* a backend of fixed size: no more than leaves its mapping room */
+    bytes = MIN(bytes, extree_alloc_data_allowance(t));
+    if (!bytes) {
+        return -ENOSPC;
     }
     ret = extree_bt_find(t, tree, guest, &prev, &hp, &next, &hn);
     if (ret < 0) {

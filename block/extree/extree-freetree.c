@@ -56,6 +56,7 @@ static void rest_begin(Extree *t)
     t->space.rest_nfree = t->space.nfree;
     memset(&t->space.avail, 0, sizeof(t->space.avail));
     memset(&t->space.nfree, 0, sizeof(t->space.nfree));
+    t->space.avail.unit = t->space.nfree.unit = t->node_size;
 }
 
 /* The old sets' ranges that start before @pos back into the sets */

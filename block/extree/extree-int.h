@@ -388,6 +388,11 @@ struct ExtreeRange {
 typedef struct ExtreeRangeSet {
     ExtreeRange *root;
     uint64_t count, bytes;
+    /*
+     * With @unit set (the allocator's avail and nfree: node_size), the
+     * sum of len / unit over the ranges: how many nodes they hold
+     */
+    uint64_t unit, units;
     uint32_t rng;
     /* open: the right spine while ranges are appended in order */
     GPtrArray *spine;
@@ -505,6 +510,11 @@ struct Extree {
      * refuse updates
      */
     bool broken;
+    /*
+     * ... only because host space ran out (-ENOSPC) in an update or a
+     * commit: extree_rollback() brings the handle back to its last commit
+     */
+    bool broken_nospace;
     bool repair;                /* opened for the checker (repair option) */
     uint32_t block_size, node_size;
     int leaf_cap, ptr_cap;
@@ -646,6 +656,7 @@ void extree_node_ref(ExtreeNode *n);
 void extree_node_unref(Extree *t, ExtreeNode *n);
 void extree_node_drop(Extree *t, ExtreeNode *n);
 void extree_cache_shrink(Extree *t);
+void extree_cache_forget(Extree *t);
 
 /*
  * Leaves read at once when a forward walk steps onto an uncached one: the
@@ -711,12 +722,16 @@ static inline void extree_snap_tree(Extree *t, const ExtreeSnap *sn,
 
 /*
  * Updates need a handle that may change: read-write, not broken, not
- * marked corrupt, free space known
+ * marked corrupt, free space known.  A handle broken by a lack of space
+ * says so (-ENOSPC) until it is rolled back.
  */
 static inline int extree_check_writable(const Extree *t)
 {
     if (t->read_only) {
         return -EROFS;
+    }
+    if (t->broken && t->broken_nospace) {
+        return -ENOSPC;
     }
     if (t->broken || (t->incompat & EXTREE_INCOMPAT_CORRUPT) ||
         !t->space.alloc_loaded) {
@@ -768,6 +783,8 @@ int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
                       ExtreeRemovedFn *removed, void *opaque);
 int extree_bt_seek(Extree *t, ExtreeTree *tree, uint64_t key,
                    ExtreePath *p);
+int extree_bt_leaf_end(Extree *t, ExtreeTree *tree, uint64_t key,
+                       uint64_t *end);
 int extree_bt_first(Extree *t, ExtreeTree *tree, uint64_t key,
                     ExtreePath *p, ExtreeItem *it);
 int extree_bt_next(Extree *t, ExtreeTree *tree, ExtreePath *p,
@@ -810,6 +827,8 @@ bool extree_alloc_fits(const Extree *t, uint64_t len);
 uint64_t extree_alloc_nodes_estimate(const Extree *t);
 bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig);
 bool extree_alloc_room_short(const Extree *t);
+bool extree_alloc_update_fits(const Extree *t);
+uint64_t extree_alloc_data_allowance(const Extree *t);
 GArray *extree_alloc_steal_log(Extree *t);
 bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
                             uint64_t *fs, uint64_t *fe);

@@ -238,6 +238,29 @@ void extree_node_drop(Extree *t, ExtreeNode *n)
     t->seq++;
 }
 
+/*
+ * Rollback (extree_rollback()): every node leaves the cache, dirty ones
+ * unwritten; a pinned one (a cursor's, which sees t->seq change) is freed
+ * on its last unref.  O(cached nodes).
+ */
+void extree_cache_forget(Extree *t)
+{
+    GPtrArray *all = g_ptr_array_sized_new(t->ncached);
+    GHashTableIter it;
+    gpointer key, value;
+
+    g_hash_table_iter_init(&it, t->cache);
+    while (g_hash_table_iter_next(&it, &key, &value)) {
+        g_ptr_array_add(all, value);
+    }
+    for (unsigned i = 0; i < all->len; i++) {
+        extree_node_drop(t, all->pdata[i]);
+    }
+    g_ptr_array_free(all, true);
+    extree_prefetch_drop_all(t);
+    t->seq++;
+}
+
 /* ---- Prefetched node images ---- */
 
 /*

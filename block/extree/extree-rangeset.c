@@ -228,6 +228,12 @@ bool extree_rs_overlaps(const ExtreeRangeSet *s, uint64_t start, uint64_t len)
     return r && r->start + r->len > start;
 }
 
+/* What a range of @len adds to s->units */
+static uint64_t rs_units(const ExtreeRangeSet *s, uint64_t len)
+{
+    return s->unit ? len / s->unit : 0;
+}
+
 void extree_rs_insert(ExtreeRangeSet *s, uint64_t start, uint64_t len)
 {
     ExtreeRange *x = rn_alloc(s);
@@ -238,6 +244,7 @@ void extree_rs_insert(ExtreeRangeSet *s, uint64_t start, uint64_t len)
     x->left = x->right = NULL;
     s->root = rn_insert(s->root, x);
     s->count++;
+    s->units += rs_units(s, len);
 }
 
 /*
@@ -254,12 +261,16 @@ void extree_rs_add(ExtreeRangeSet *s, uint64_t start, uint64_t len)
     s->bytes += len;
     if (join_prev && join_next) {
         uint64_t nlen = next->len;
+        s->units += rs_units(s, prev->len + len + nlen) -
+                    rs_units(s, prev->len) - rs_units(s, nlen);
         s->root = rn_delete(s, s->root, next->start);
         s->count--;
         rn_update(s->root, prev->start, prev->start, prev->len + len + nlen);
     } else if (join_prev) {
+        s->units += rs_units(s, prev->len + len) - rs_units(s, prev->len);
         rn_update(s->root, prev->start, prev->start, prev->len + len);
     } else if (join_next) {
+        s->units += rs_units(s, next->len + len) - rs_units(s, next->len);
         rn_update(s->root, next->start, start, next->len + len);
     } else {
         extree_rs_insert(s, start, len);
@@ -290,6 +301,7 @@ void extree_rs_append(ExtreeRangeSet *s, uint64_t start, uint64_t len)
     g_assert(!last || last->start + last->len <= start);
     s->bytes += len;
     if (last && last->start + last->len == start) {
+        s->units += rs_units(s, last->len + len) - rs_units(s, last->len);
         last->len += len;
         return;
     }
@@ -318,6 +330,7 @@ void extree_rs_append(ExtreeRangeSet *s, uint64_t start, uint64_t len)
     }
     g_ptr_array_add(s->spine, x);
     s->count++;
+    s->units += rs_units(s, len);
 }
 
 /* The appends are over: the spine's longest-range fields, bottom up */
@@ -341,12 +354,15 @@ void extree_rs_remove(ExtreeRangeSet *s, uint64_t start, uint64_t len)
 
     g_assert(r->start <= start && end <= rend);
     s->bytes -= len;
+    s->units -= rs_units(s, rend - rs);
     if (rs == start && rend == end) {
         s->root = rn_delete(s, s->root, rs);
         s->count--;
     } else if (rs == start) {
+        s->units += rs_units(s, rend - end);
         rn_update(s->root, rs, end, rend - end);
     } else {
+        s->units += rs_units(s, start - rs);
         rn_update(s->root, rs, rs, start - rs);
         if (end < rend) {
             extree_rs_insert(s, end, rend - end);
@@ -394,5 +410,5 @@ void extree_rs_clear(ExtreeRangeSet *s)
     s->free_nodes = NULL;
     s->slab_used = s->slab_len = 0;
     s->root = NULL;
-    s->count = s->bytes = 0;
+    s->count = s->bytes = s->units = 0;
 }

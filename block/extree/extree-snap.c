@@ -119,12 +119,22 @@ static int begin(Extree *t, unsigned index)
     return ret;
 }
 
-/* The end of an operation: commit it, or give up on the handle */
+/*
+ * The end of an operation: commit it.  Host space that ran out (the
+ * snapshot table, the nodes of the commit's syncs, a backend of fixed
+ * size whose end the commit's writes found) undoes it: begin() committed
+ * everything before it, so the rollback loses nothing else, and the
+ * handle goes on as it was.  Any other failure gives up on the handle.
+ */
 static int finish(Extree *t, int ret)
 {
     t->seq++;
     if (ret == 0) {
         ret = extree_commit(t);
+    }
+    if (ret == -ENOSPC && extree_can_roll_back(t) &&
+        extree_rollback(t) == 0) {
+        return ret;
     }
     if (ret < 0) {
         /* memory is ahead of the last commit: reopen to go on */
@@ -139,7 +149,8 @@ static int finish(Extree *t, int ret)
  * leaves the handle as it leaves it, not through finish().  After a
  * failed write the punch stays pending and the next commit retries it; a
  * failed flush or punch marks the handle broken (extree_commit(),
- * extree_extent_update()), so that updates fail until a reopen.  Either
+ * extree_extent_update()), so that updates fail until a reopen, except
+ * that a punch or commit that ran out of space is rolled back.  Either
  * way the committed live tree still holds the area, which costs space
  * only: the next savevm overwrites it, and a later snapshot taken
  * without VM state carries it unread (vm_state_size 0).
@@ -147,11 +158,17 @@ static int finish(Extree *t, int ret)
 static void vmstate_drop(Extree *t)
 {
     ExtreeItem none = { 0 };
+    int ret;
 
     t->seq++;
-    if (extree_extent_update(t, &none, EXTREE_VMSTATE_BASE,
-                             EXTREE_VMSTATE_MAX) == 0) {
-        extree_commit(t);
+    ret = extree_extent_update(t, &none, EXTREE_VMSTATE_BASE,
+                               EXTREE_VMSTATE_MAX);
+    if (ret == 0) {
+        ret = extree_commit(t);
+    }
+    if (ret == -ENOSPC && extree_can_roll_back(t)) {
+        /* only the punch is lost: the snapshot was committed before it */
+        extree_rollback(t);
     }
 }
 

@@ -265,6 +265,106 @@ static void readahead_roots(Extree *t)
     extree_node_readahead(t, n, bytenr, e);
 }
 
+/*
+ * The state of the committed superblock @sb, into a handle whose cache
+ * and space map are set up and empty: sizes, roots, the extent root read
+ * and checked, the snapshot table, and for a writer the free space and
+ * the reference counts.  Open, and rollback (extree_rollback()).
+ */
+static int load_state(Extree *t, const ExtreeSuper *sb,
+                      const ExtreeOpenOptions *o)
+{
+    int ret;
+
+    t->virtual_size = sb->virtual_size;
+    t->host_end = t->sb_host_end = sb->host_end;
+    t->generation = sb->generation;
+    t->trans_gen = t->generation + 1;
+    t->incompat = sb->incompat;
+    t->compat = sb->compat;
+    t->backing_file = sb->backing_file[0] ?
+                      g_strdup(sb->backing_file) : NULL;
+    t->backing_fmt = sb->backing_fmt[0] ?
+                     g_strdup(sb->backing_fmt) : NULL;
+    EXT_FOR_EACH_TREE(owner) {
+        tree_init(&t->trees[owner], owner, sb);
+    }
+    t->snap_view = -1;
+    if (extree_has_refs(t)) {
+        tree_init(&t->trees[EXTREE_TREE_REFS], EXTREE_TREE_REFS, sb);
+        t->trees[EXTREE_TREE_EXTENT].shared = true;
+        t->snap_gen = sb->snap_gen;
+    }
+    t->trees[EXTREE_TREE_EXTENT].share_item = extree_extent_share;
+    t->trees[EXTREE_TREE_EXTENT].verify_unshared = extree_extent_node_unshared;
+    t->trees[EXTREE_TREE_EXTENT].nitems = sb->extent_count;
+    t->trees[EXTREE_TREE_FREE].total = sb->free_bytes;
+    /* an unknown autoclear bit is cleared by the next commit */
+    t->super_dirty = (sb->autoclear & ~EXTREE_AUTOCLEAR_MASK) &&
+                     !t->read_only;
+
+    /*
+     * The extent root only: a bad root fails open, not the first read.
+     * Reads never need the free-space tree: a read-only handle does not
+     * load it (damage there is the checker's to find).  A writer must
+     * know the free space; with @repair a damaged free tree leaves the
+     * handle without an allocator, for extree_check() to rebuild it.
+     */
+    readahead_roots(t);
+    {
+        ExtreeTree *et = &t->trees[EXTREE_TREE_EXTENT];
+        ExtreeNodeExpect e;
+        ExtreeNode *n;
+        extree_tree_expect(t, et, &e);
+        ret = extree_node_get(t, et->root, &e, &n);
+        if (ret == 0) {
+            /*
+             * The root's children are checked against its child_bytes as
+             * they are read; the root itself against the superblock
+             */
+            et->total = n->bytes;
+            if ((sb->autoclear & EXTREE_AUTOCLEAR_EXTENT_BYTES) &&
+                n->bytes != sb->extent_bytes && o->check) {
+                t->root_bytes_bad = true;
+                t->root_bytes_want = sb->extent_bytes;
+            } else if ((sb->autoclear & EXTREE_AUTOCLEAR_EXTENT_BYTES) &&
+                       n->bytes != sb->extent_bytes) {
+                ret = extree_corrupt(t, et->root, "corrupt extent tree node "
+                                     "at offset 0x%" PRIx64 ": subtree bytes"
+                                     " mismatch, have 0x%" PRIx64 " expect "
+                                     "0x%" PRIx64 " (superblock's "
+                                     "extent_bytes)", et->root, n->bytes,
+                                     sb->extent_bytes);
+            }
+            extree_node_unref(t, n);
+        }
+    }
+    if (ret == 0) {
+        ret = extree_snap_table_load(t, sb);
+    }
+    if (ret == 0) {
+        ret = check_snap_gen(t, o);
+    }
+    if (ret == 0 && !t->read_only) {
+        extree_refs_init(t);
+        ret = extree_freetree_load(t, sb->free_bytes, t->repair);
+        if (ret == 0 && extree_has_refs(t)) {
+            ret = extree_reftree_load(t);
+            if (ret < 0) {
+                /* counts unknown: no updates (the checker may look) */
+                extree_alloc_set_loaded(t, false);
+            } else {
+                /* counts known but wrong: the checker can repair them */
+                ret = check_root_counts(t);
+            }
+        }
+        if (ret < 0 && t->repair) {
+            ret = 0;
+        }
+    }
+    return ret;
+}
+
 int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
                 char **errmsg)
 {
@@ -320,102 +420,18 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     t->node_size = sb[best].node_size;
     t->leaf_cap = EXTREE_LEAF_CAPACITY(t->node_size);
     t->ptr_cap = EXTREE_INTERIOR_CAPACITY(t->node_size);
-    t->virtual_size = sb[best].virtual_size;
-    t->host_end = t->sb_host_end = sb[best].host_end;
     t->data_start = EXTREE_ROUND_UP(EXTREE_SB_AREA, t->block_size);
-    t->generation = sb[best].generation;
-    t->trans_gen = t->generation + 1;
-    t->incompat = sb[best].incompat;
-    t->compat = sb[best].compat;
-    t->backing_file = sb[best].backing_file[0] ?
-                      g_strdup(sb[best].backing_file) : NULL;
-    t->backing_fmt = sb[best].backing_fmt[0] ?
-                     g_strdup(sb[best].backing_fmt) : NULL;
-    EXT_FOR_EACH_TREE(owner) {
-        tree_init(&t->trees[owner], owner, &sb[best]);
-    }
-    t->snap_view = -1;
-    if (extree_has_refs(t)) {
-        tree_init(&t->trees[EXTREE_TREE_REFS], EXTREE_TREE_REFS, &sb[best]);
-        t->trees[EXTREE_TREE_EXTENT].shared = true;
-        t->snap_gen = sb[best].snap_gen;
-    }
-    t->trees[EXTREE_TREE_EXTENT].share_item = extree_extent_share;
-    t->trees[EXTREE_TREE_EXTENT].verify_unshared = extree_extent_node_unshared;
-    t->trees[EXTREE_TREE_EXTENT].nitems = sb[best].extent_count;
-    t->trees[EXTREE_TREE_FREE].total = sb[best].free_bytes;
     t->csb = g_new(ExtreeSuper, 1);
     *t->csb = sb[best];
     t->cache_limit = MAX((o->cache_size ? o->cache_size
                           : EXTREE_DEFAULT_CACHE_SIZE) / t->node_size, 32);
     t->dirty_limit = MAX((o->dirty_limit ? o->dirty_limit
                           : EXTREE_DEFAULT_DIRTY_LIMIT) / t->node_size, 16);
-    /* an unknown autoclear bit is cleared by the next commit */
-    t->super_dirty = (sb[best].autoclear & ~EXTREE_AUTOCLEAR_MASK) &&
-                     !t->read_only;
     t->commit_by_caller = o->commit_by_caller;
     extree_cache_init(t);
     extree_sm_init(t);
 
-    /*
-     * The extent root only: a bad root fails open, not the first read.
-     * Reads never need the free-space tree: a read-only handle does not
-     * load it (damage there is the checker's to find).  A writer must
-     * know the free space; with @repair a damaged free tree leaves the
-     * handle without an allocator, for extree_check() to rebuild it.
-     */
-    readahead_roots(t);
-    {
-        ExtreeTree *et = &t->trees[EXTREE_TREE_EXTENT];
-        ExtreeNodeExpect e;
-        ExtreeNode *n;
-        extree_tree_expect(t, et, &e);
-        ret = extree_node_get(t, et->root, &e, &n);
-        if (ret == 0) {
-            /*
-             * The root's children are checked against its child_bytes as
-             * they are read; the root itself against the superblock
-             */
-            et->total = n->bytes;
-            if ((sb[best].autoclear & EXTREE_AUTOCLEAR_EXTENT_BYTES) &&
-                n->bytes != sb[best].extent_bytes && o->check) {
-                t->root_bytes_bad = true;
-                t->root_bytes_want = sb[best].extent_bytes;
-            } else if ((sb[best].autoclear & EXTREE_AUTOCLEAR_EXTENT_BYTES) &&
-                       n->bytes != sb[best].extent_bytes) {
-                ret = extree_corrupt(t, et->root, "corrupt extent tree node "
-                                     "at offset 0x%" PRIx64 ": subtree bytes"
-                                     " mismatch, have 0x%" PRIx64 " expect "
-                                     "0x%" PRIx64 " (superblock's "
-                                     "extent_bytes)", et->root, n->bytes,
-                                     sb[best].extent_bytes);
-            }
-            extree_node_unref(t, n);
-        }
-    }
-    if (ret == 0) {
-        ret = extree_snap_table_load(t, &sb[best]);
-    }
-    if (ret == 0) {
-        ret = check_snap_gen(t, o);
-    }
-    if (ret == 0 && !t->read_only) {
-        extree_refs_init(t);
-        ret = extree_freetree_load(t, sb[best].free_bytes, t->repair);
-        if (ret == 0 && extree_has_refs(t)) {
-            ret = extree_reftree_load(t);
-            if (ret < 0) {
-                /* counts unknown: no updates (the checker may look) */
-                extree_alloc_set_loaded(t, false);
-            } else {
-                /* counts known but wrong: the checker can repair them */
-                ret = check_root_counts(t);
-            }
-        }
-        if (ret < 0 && t->repair) {
-            ret = 0;
-        }
-    }
+    ret = load_state(t, &sb[best], o);
     if (ret < 0) {
         const char *why = t->last_error ? t->last_error : g_strerror(-ret);
         /*
@@ -469,6 +485,64 @@ bool extree_is_broken(const Extree *t)
     return t->broken;
 }
 
+bool extree_can_roll_back(const Extree *t)
+{
+    return !t->read_only && !t->repair && t->snap_view < 0 &&
+           (!t->broken || t->broken_nospace) &&
+           !(t->incompat & EXTREE_INCOMPAT_CORRUPT);
+}
+
+/*
+ * Back to the last commit, in memory, as a reopen would be: nodes, free
+ * space, counts and the snapshot table of the running transaction are
+ * dropped and the committed state is loaded again (the free-space tree
+ * as at open).  What the caller keeps: its options, the corruption
+ * handler, the backend's limit.  Cursors see t->seq change.  A failed
+ * load leaves the handle broken.  O(cached nodes) plus open's reads.
+ */
+int extree_rollback(Extree *t)
+{
+    ExtreeOpenOptions o = { 0 };
+    uint64_t limit = t->space.host_limit;
+    int ret;
+
+    if (!extree_can_roll_back(t)) {
+        return t->read_only ? -EROFS : -EIO;
+    }
+    for (uint32_t owner = EXTREE_TREE_EXTENT; owner < EXT_NTREES; owner++) {
+        extree_path_release(t, &t->pcache[owner]);
+    }
+    t->fcache.valid = false;
+    extree_cache_forget(t);
+    extree_alloc_destroy(t);
+    extree_refs_destroy(t);
+    memset(&t->space, 0, sizeof(t->space));
+    extree_sm_init(t);
+    t->space.host_limit = limit;
+    if (t->snaps) {
+        g_array_free(t->snaps, true);
+        t->snaps = NULL;
+    }
+    g_free(t->backing_file);
+    g_free(t->backing_fmt);
+    memset(t->trees, 0, sizeof(t->trees));
+    t->snap_gen = 0;
+    t->snap_table = t->snap_table_len = 0;
+    t->snaps_dirty = false;
+    t->broken = t->broken_nospace = false;
+    t->stats.rollbacks++;
+
+    ret = load_state(t, t->csb, &o);
+    if (ret == 0 && limit && t->space.alloc_partial) {
+        ret = extree_freetree_load_rest(t);
+    }
+    if (ret < 0) {
+        t->broken = true;
+    }
+    t->seq++;
+    return ret;
+}
+
 /*
  * After a commit: give the host file back what the commit freed.  Discard
  * the ranges that became free (old node locations included), and cut the
@@ -508,6 +582,28 @@ void extree_discard_deferred(Extree *t)
 }
 
 /*
+ * A node write failed with -ENOSPC.  If the backend ends before host_end,
+ * it is of fixed size and its end was not known: its length is the limit
+ * from now on (as if the caller had said so with
+ * extree_set_host_limit()), and no retry can write there.  True then.
+ * Otherwise the storage under a file that holds host_end ran out (a full
+ * host file system, a thin volume): the commit keeps its dirty state and
+ * a later one retries, once there is space again.
+ */
+static bool learn_host_limit(Extree *t)
+{
+    int64_t len = t->be->ops->get_length(t->be->opaque);
+
+    if (len <= (int64_t)t->data_start || (uint64_t)len >= t->host_end) {
+        return false;
+    }
+    if (!t->space.host_limit || (uint64_t)len < t->space.host_limit) {
+        t->space.host_limit = len;
+    }
+    return true;
+}
+
+/*
  * Commit generation G + 1 (G = t->generation).  The order is the crash
  * safety argument: nothing reachable from a durable superblock is ever
  * overwritten, and a superblock is written only after everything it points
@@ -527,7 +623,7 @@ int extree_commit(Extree *t)
         return -EROFS;
     }
     if (t->broken || !t->space.alloc_loaded) {
-        return -EIO;
+        return t->broken && t->broken_nospace ? -ENOSPC : -EIO;
     }
 
     /*
@@ -540,6 +636,7 @@ int extree_commit(Extree *t)
     ret = extree_sm_commit(&t->space);
     if (ret < 0) {
         t->broken = true;
+        t->broken_nospace = ret == -ENOSPC;
         goto fail;
     }
 
@@ -562,6 +659,15 @@ int extree_commit(Extree *t)
 
         ret = t->be->ops->pwrite(t->be->opaque, t->snap_table, buf, len);
         g_free(buf);
+    }
+    if (ret == -ENOSPC && learn_host_limit(t)) {
+        /*
+         * A backend of fixed size whose end was not known (and that the
+         * caller's growing did not find out) ends before host_end: its
+         * end is known now, and the transaction can only be dropped
+         * (extree_rollback())
+         */
+        t->broken = t->broken_nospace = true;
     }
     if (ret < 0) {
         goto fail;
@@ -616,6 +722,7 @@ flush_failed:
      * file-posix after a failed fdatasync.
      */
     t->broken = true;
+    t->broken_nospace = false;
 fail:
     return ret;
 }
@@ -861,18 +968,41 @@ int extree_map_data(Extree *t, uint64_t guest, uint64_t bytes, uint64_t host)
     return update_done(t, extree_extent_update(t, &it, guest, bytes));
 }
 
+/*
+ * A ZERO or punch range: on a backend of fixed size it may stop between
+ * two leaves with -ENOSPC (extree_extent_update()).  Unless the caller
+ * commits itself, commit what was done and go on with the same call: a
+ * call that does nothing leaves the transaction clean after such a
+ * commit, so the loop ends (an update too large for the room left
+ * commits in pieces).
+ */
+static int update_range(Extree *t, const ExtreeItem *it, uint64_t guest,
+                        uint64_t bytes)
+{
+    int ret;
+
+    while ((ret = extree_extent_update(t, it, guest, bytes)) == -ENOSPC &&
+           !t->commit_by_caller && extree_is_dirty(t)) {
+        t->stats.forced_commits++;
+        if (extree_commit(t) < 0) {
+            break;
+        }
+    }
+    return update_done(t, ret);
+}
+
 int extree_set_zero(Extree *t, uint64_t guest, uint64_t bytes)
 {
     ExtreeItem it = { guest, bytes, 0, EXTREE_ITEM_ZERO };
 
-    return update_done(t, extree_extent_update(t, &it, guest, bytes));
+    return update_range(t, &it, guest, bytes);
 }
 
 int extree_punch(Extree *t, uint64_t guest, uint64_t bytes)
 {
     ExtreeItem it = { 0 };
 
-    return update_done(t, extree_extent_update(t, &it, guest, bytes));
+    return update_range(t, &it, guest, bytes);
 }
 
 void extree_stats(const Extree *t, ExtreeStats *st)

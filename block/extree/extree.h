@@ -185,9 +185,30 @@ int extree_commit(Extree *t);
 bool extree_is_dirty(const Extree *t);
 /*
  * A failed update left memory ahead of the last commit: nothing more is
- * committed; reopen to go on (the failure was returned when it happened)
+ * committed; reopen, or extree_rollback() if extree_can_roll_back(), to go
+ * on (the failure was returned when it happened)
  */
 bool extree_is_broken(const Extree *t);
+
+/*
+ * May the handle drop its running transaction (extree_rollback())?  A
+ * writable handle that is healthy or broken only because host space ran
+ * out (-ENOSPC in an update or a commit); not after a failed flush or a
+ * corruption, which need a reopen.  O(1).
+ */
+bool extree_can_roll_back(const Extree *t);
+
+/*
+ * Drop the running transaction: the handle is at its last commit again,
+ * as after a reopen (the options, the corruption handler and the limit of
+ * extree_set_host_limit() stay).  Space the transaction allocated is free
+ * again: the caller must hold no host range it allocated, looked up or
+ * was told of since the last commit (the QEMU driver calls it within its
+ * commit gate).  Cursors may stay, and look up afresh.  -EIO if
+ * !extree_can_roll_back(), or the error of reading the committed state
+ * (then the handle is broken).  O(cached nodes) plus an open's reads.
+ */
+int extree_rollback(Extree *t);
 
 /*
  * Before a close with nothing dirty: the node space the last commit freed
@@ -281,6 +302,7 @@ typedef struct ExtreeStats {
      * and a backend of fixed size read the rest)
      */
     uint64_t free_tree_partial;
+    uint64_t rollbacks;         /* transactions dropped (extree_rollback) */
 } ExtreeStats;
 void extree_stats(const Extree *t, ExtreeStats *st);
 
