@@ -183,6 +183,27 @@ static int xp_update_range(uint64_t start, uint64_t end, bool zero)
     }
 }
 
+/*
+ * A block device may have grown since the core was told its end (lvextend,
+ * losetup -c, a bigger LUN): after -ENOSPC, ask it again and raise the
+ * limit.  True if it grew.  xp.lock held.
+ */
+static bool xp_storage_grew(void)
+{
+    int64_t len;
+
+    if (!xp.is_blk || xp.core_read_only) {
+        return false;
+    }
+    len = xp_file_length();
+    if (len <= xp.blk_size) {
+        return false;
+    }
+    xp.blk_size = len;
+    extree_set_host_limit(xp.t, len);
+    return true;
+}
+
 /* Set errno for nbdkit from a -errno and return -1 */
 static int xp_fail(int ret)
 {
@@ -435,6 +456,9 @@ static int xp_write_locked(const uint8_t *data, uint64_t count,
         } else {
             xp_io_end();
             ret = xp_alloc_write(&run, offset, n, data, &n);
+            if (ret == -ENOSPC && xp_storage_grew()) {
+                continue;
+            }
             if (ret == -ENOSPC && !committed && extree_is_dirty(xp.t)) {
                 committed = true;
                 extree_cursor_release(&cur);

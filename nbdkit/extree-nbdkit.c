@@ -225,6 +225,7 @@ static int xp_open_core(bool read_only)
             goto fail;
         }
         extree_set_host_limit(xp.t, len);
+        xp.blk_size = len;
     }
     if (cfg.snapshot) {
         idx = extree_snapshot_find(xp.t, cfg.snapshot);

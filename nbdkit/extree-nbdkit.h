@@ -65,6 +65,8 @@ typedef struct XpState {
     bool committer_running, committer_stop;
     /* fallocate(FALLOC_FL_ZERO_RANGE) has not failed as unsupported */
     bool zero_range_ok;
+    /* A block device's size as the core knows it (its host limit) */
+    int64_t blk_size;
 } XpState;
 
 extern XpState xp;
