@@ -58,7 +58,7 @@ for fmt in "${fmts[@]}"; do
     tests=("${generic[@]}")
     if [ "$fmt" = extree ]; then
         qemu_snapshot_tests
-        mapfile -t own < <(cd "$iot" && ls tests/ 2>/dev/null | grep '^extree' | grep -v '\.out$')
+        mapfile -t own < <(cd "$iot" && ls tests/ 2>/dev/null | grep '^extree' | grep -v '\.out$' | grep -v '\.rc$')
         tests+=("${own[@]}")
     fi
     echo "iotests -$fmt: ${#tests[@]} tests"
