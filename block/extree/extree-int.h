@@ -527,6 +527,13 @@ struct Extree {
     /* generation + 1: nodes of this transaction carry it and are writable */
     uint64_t trans_gen;
     uint64_t incompat, compat;
+    /*
+     * With EXTREE_INCOMPAT_ENCRYPTED: where the encryption header lies,
+     * [crypt_header_offset, + crypt_header_length), below data_start.
+     * Set at open, never changed: all 0 without the bit.
+     */
+    uint32_t crypt_method;
+    uint64_t crypt_header_offset, crypt_header_length;
     char *backing_file, *backing_fmt;
     bool super_dirty;
 
@@ -900,6 +907,9 @@ typedef struct ExtreeSuper {
     /* with EXTREE_INCOMPAT_SNAPSHOTS, root[EXTREE_TREE_REFS] too */
     uint64_t snap_table, snap_gen;
     uint32_t snap_count;
+    /* with EXTREE_INCOMPAT_ENCRYPTED; 0 without */
+    uint32_t crypt_method;
+    uint64_t crypt_header_offset, crypt_header_length;
     char backing_file[EXTREE_BACKING_FILE_MAX + 1];
     char backing_fmt[EXTREE_BACKING_FMT_MAX + 1];
 } ExtreeSuper;
@@ -941,6 +951,23 @@ static inline uint64_t extree_snap_table_bytes(uint32_t count,
     return EXTREE_ROUND_UP(sizeof(ExtreeDiskSnapHeader) +
                            (uint64_t)count * EXTREE_SNAP_ENTRY_SIZE,
                            block_size);
+}
+
+/*
+ * Start of the data area: the first block boundary after the superblock
+ * slots and the encryption header (@crypt_header_length, 0 without one).
+ * The one place it is computed; extree_sb_data_start() for a superblock.
+ */
+static inline uint64_t extree_data_start_for(uint32_t block_size,
+                                             uint64_t crypt_header_length)
+{
+    return EXTREE_ROUND_UP(EXTREE_SB_AREA + crypt_header_length, block_size);
+}
+
+/* data_start of superblock @s, whose fields were validated */
+static inline uint64_t extree_sb_data_start(const struct ExtreeSuper *s)
+{
+    return extree_data_start_for(s->block_size, s->crypt_header_length);
 }
 
 /* g_array_sort() order of uint64_t */

@@ -68,6 +68,9 @@ void extree_sb_encode(const ExtreeSuper *s, uint8_t *buf)
     ext_st64(buf + SB_OFF(snap_table_offset), s->snap_table);
     ext_st32(buf + SB_OFF(snap_count), s->snap_count);
     ext_st64(buf + SB_OFF(snap_generation), s->snap_gen);
+    ext_st32(buf + SB_OFF(crypt_method), s->crypt_method);
+    ext_st64(buf + SB_OFF(crypt_header_offset), s->crypt_header_offset);
+    ext_st64(buf + SB_OFF(crypt_header_length), s->crypt_header_length);
     buf[SB_OFF(backing_file_len)] = flen & 0xff;
     buf[SB_OFF(backing_file_len) + 1] = flen >> 8;
     buf[SB_OFF(backing_fmt_len)] = mlen & 0xff;
@@ -75,6 +78,53 @@ void extree_sb_encode(const ExtreeSuper *s, uint8_t *buf)
     memcpy(buf + SB_OFF(backing_fmt), s->backing_fmt, mlen);
     memcpy(buf + SB_OFF(backing_file), s->backing_file, flen);
     ext_st32(buf + SB_OFF(csum), sb_csum(buf));
+}
+
+/*
+ * The encryption fields of @s: all zero without the encryption bit; with
+ * it, a known method and a header of 512-byte sectors right after the
+ * superblock slots, at most EXTREE_CRYPT_HEADER_MAX long.  Checked before
+ * data_start is derived from the header's length.
+ */
+static int decode_crypt(const ExtreeSuper *s, char **why)
+{
+    if (!(s->incompat & EXTREE_INCOMPAT_ENCRYPTED)) {
+        if (s->crypt_method || s->crypt_header_offset ||
+            s->crypt_header_length) {
+            *why = g_strdup_printf("encryption fields set without the "
+                                   "encryption feature, have crypt_method "
+                                   "%u crypt_header_offset 0x%" PRIx64
+                                   " crypt_header_length 0x%" PRIx64,
+                                   s->crypt_method, s->crypt_header_offset,
+                                   s->crypt_header_length);
+            return -EINVAL;
+        }
+        return 0;
+    }
+    if (s->crypt_method != EXTREE_CRYPT_LUKS) {
+        *why = g_strdup_printf("bad crypt_method %u with the encryption "
+                               "feature, expect %u (LUKS)", s->crypt_method,
+                               EXTREE_CRYPT_LUKS);
+        return -EINVAL;
+    }
+    if (s->crypt_header_offset != EXTREE_CRYPT_HEADER_OFFSET) {
+        *why = g_strdup_printf("bad crypt_header_offset, have 0x%" PRIx64
+                               " expect 0x%x", s->crypt_header_offset,
+                               EXTREE_CRYPT_HEADER_OFFSET);
+        return -EINVAL;
+    }
+    if (s->crypt_header_length == 0 ||
+        !EXTREE_IS_ALIGNED(s->crypt_header_length,
+                           EXTREE_CRYPT_HEADER_ALIGN) ||
+        s->crypt_header_length > EXTREE_CRYPT_HEADER_MAX) {
+        *why = g_strdup_printf("bad crypt_header_length 0x%" PRIx64 " (a "
+                               "nonzero multiple of %d, at most 0x%x)",
+                               s->crypt_header_length,
+                               EXTREE_CRYPT_HEADER_ALIGN,
+                               EXTREE_CRYPT_HEADER_MAX);
+        return -EINVAL;
+    }
+    return 0;
 }
 
 /*
@@ -92,6 +142,7 @@ int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     uint64_t data_start, key_bytes;
     unsigned flen, mlen;
     bool snaps;
+    int ret;
 
     *sum_ok = false;
     if (magic != EXTREE_MAGIC) {
@@ -139,6 +190,9 @@ int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     s->snap_table = ext_ld64(buf + SB_OFF(snap_table_offset));
     s->snap_count = ext_ld32(buf + SB_OFF(snap_count));
     s->snap_gen = ext_ld64(buf + SB_OFF(snap_generation));
+    s->crypt_method = ext_ld32(buf + SB_OFF(crypt_method));
+    s->crypt_header_offset = ext_ld64(buf + SB_OFF(crypt_header_offset));
+    s->crypt_header_length = ext_ld64(buf + SB_OFF(crypt_header_length));
     flen = buf[SB_OFF(backing_file_len)] |
            (buf[SB_OFF(backing_file_len) + 1] << 8);
     mlen = buf[SB_OFF(backing_fmt_len)] |
@@ -166,11 +220,23 @@ int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
                                s->virtual_size);
         return -EINVAL;
     }
-    data_start = EXTREE_ROUND_UP(EXTREE_SB_AREA, s->block_size);
+    /* the encryption header decides where the data area starts */
+    ret = decode_crypt(s, why);
+    if (ret < 0) {
+        return ret;
+    }
+    data_start = extree_sb_data_start(s);
     if (!EXTREE_IS_ALIGNED(s->host_end, s->block_size) ||
         s->host_end < data_start + s->node_size ||
         s->host_end > (uint64_t)INT64_MAX) {
-        *why = g_strdup_printf("bad host_end 0x%" PRIx64, s->host_end);
+        if (s->crypt_header_length) {
+            *why = g_strdup_printf("bad host_end 0x%" PRIx64 " (data_start "
+                                   "0x%" PRIx64 " after crypt_header_length"
+                                   " 0x%" PRIx64 ")", s->host_end,
+                                   data_start, s->crypt_header_length);
+        } else {
+            *why = g_strdup_printf("bad host_end 0x%" PRIx64, s->host_end);
+        }
         return -EINVAL;
     }
     snaps = s->incompat & EXTREE_INCOMPAT_SNAPSHOTS;
@@ -272,6 +338,9 @@ void extree_sb_from_tree(Extree *t, ExtreeSuper *s)
     s->free_bytes = t->trees[EXTREE_TREE_FREE].total;
     s->extent_bytes = t->trees[EXTREE_TREE_EXTENT].total;
     s->autoclear = EXTREE_AUTOCLEAR_EXTENT_BYTES;
+    s->crypt_method = t->crypt_method;
+    s->crypt_header_offset = t->crypt_header_offset;
+    s->crypt_header_length = t->crypt_header_length;
     if (extree_has_refs(t)) {
         ExtreeTree *rt = &t->trees[EXTREE_TREE_REFS];
 

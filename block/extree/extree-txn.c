@@ -34,10 +34,50 @@ static int check_backing(const char *file, const char *fmt, char **errmsg)
     return 0;
 }
 
+/* The encryption header: its length is the caller's (the LUKS driver's) */
+static int check_crypt(const ExtreeCreateParams *p, char **errmsg)
+{
+    if (p->crypt_method == EXTREE_CRYPT_NONE) {
+        if (p->crypt_header_length) {
+            *errmsg = g_strdup("An encryption header length needs an "
+                               "encryption method");
+            return -EINVAL;
+        }
+        return 0;
+    }
+    if (p->crypt_method != EXTREE_CRYPT_LUKS) {
+        *errmsg = g_strdup_printf("Unknown encryption method %u",
+                                  p->crypt_method);
+        return -EINVAL;
+    }
+    if (p->crypt_header_length == 0) {
+        *errmsg = g_strdup("Encrypted images need an encryption header "
+                           "length");
+        return -EINVAL;
+    }
+    if (!EXTREE_IS_ALIGNED(p->crypt_header_length,
+                           EXTREE_CRYPT_HEADER_ALIGN)) {
+        *errmsg = g_strdup_printf("Encryption header length (%" PRIu64
+                                  ") must be a multiple of %d bytes",
+                                  p->crypt_header_length,
+                                  EXTREE_CRYPT_HEADER_ALIGN);
+        return -EINVAL;
+    }
+    if (p->crypt_header_length > EXTREE_CRYPT_HEADER_MAX) {
+        *errmsg = g_strdup_printf("Encryption header length (%" PRIu64
+                                  ") must be at most %d bytes",
+                                  p->crypt_header_length,
+                                  EXTREE_CRYPT_HEADER_MAX);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 int extree_create_check(const ExtreeCreateParams *p, char **errmsg)
 {
     uint32_t bs = p->block_size ? p->block_size : EXTREE_DEFAULT_BLOCK_SIZE;
     uint32_t ns = p->node_size ? p->node_size : EXTREE_DEFAULT_NODE_SIZE;
+    int ret;
 
     *errmsg = NULL;
     if (p->virtual_size > EXTREE_MAX_VIRTUAL_SIZE) {
@@ -69,13 +109,20 @@ int extree_create_check(const ExtreeCreateParams *p, char **errmsg)
                                   "the block size (%u)", ns, bs);
         return -EINVAL;
     }
+    ret = check_crypt(p, errmsg);
+    if (ret < 0) {
+        return ret;
+    }
     return check_backing(p->backing_file, p->backing_fmt, errmsg);
 }
 
 /*
- * Create: two empty leaf roots right after the superblocks, then the
- * superblock (generation 1) in both slots, so that a torn first commit
- * (generation 2, slot 0) still falls back to generation 1 in slot 1.
+ * Create: two empty leaf roots at data_start (right after the superblocks,
+ * or after the encryption header), then the superblock (generation 1) in
+ * both slots, so that a torn first commit (generation 2, slot 0) still
+ * falls back to generation 1 in slot 1.  Nothing is written, truncated or
+ * discarded in [8192, data_start): the caller may have written the
+ * encryption header there already.
  */
 int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
                   char **errmsg)
@@ -94,12 +141,18 @@ int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
         return ret;
     }
 
-    data_start = EXTREE_ROUND_UP(EXTREE_SB_AREA, bs);
     memset(&s, 0, sizeof(s));
     s.generation = 1;
     s.virtual_size = p->virtual_size;
     s.block_size = bs;
     s.node_size = ns;
+    if (p->crypt_method != EXTREE_CRYPT_NONE) {
+        s.incompat |= EXTREE_INCOMPAT_ENCRYPTED;
+        s.crypt_method = p->crypt_method;
+        s.crypt_header_offset = EXTREE_CRYPT_HEADER_OFFSET;
+        s.crypt_header_length = p->crypt_header_length;
+    }
+    data_start = extree_sb_data_start(&s);
     s.host_end = data_start + 2 * (uint64_t)ns;
     /* the extent tree's root first, then the free tree's */
     EXT_FOR_EACH_TREE(o) {
@@ -282,6 +335,9 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
     t->trans_gen = t->generation + 1;
     t->incompat = sb->incompat;
     t->compat = sb->compat;
+    t->crypt_method = sb->crypt_method;
+    t->crypt_header_offset = sb->crypt_header_offset;
+    t->crypt_header_length = sb->crypt_header_length;
     t->backing_file = sb->backing_file[0] ?
                       g_strdup(sb->backing_file) : NULL;
     t->backing_fmt = sb->backing_fmt[0] ?
@@ -420,7 +476,7 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     t->node_size = sb[best].node_size;
     t->leaf_cap = EXTREE_LEAF_CAPACITY(t->node_size);
     t->ptr_cap = EXTREE_INTERIOR_CAPACITY(t->node_size);
-    t->data_start = EXTREE_ROUND_UP(EXTREE_SB_AREA, t->block_size);
+    t->data_start = extree_sb_data_start(&sb[best]);
     t->csb = g_new(ExtreeSuper, 1);
     *t->csb = sb[best];
     t->cache_limit = MAX((o->cache_size ? o->cache_size
@@ -851,6 +907,21 @@ uint64_t extree_incompat_features(const Extree *t)
     return t->incompat;
 }
 
+uint32_t extree_crypt_method(const Extree *t)
+{
+    return t->crypt_method;
+}
+
+uint64_t extree_crypt_header_offset(const Extree *t)
+{
+    return t->crypt_header_offset;
+}
+
+uint64_t extree_crypt_header_length(const Extree *t)
+{
+    return t->crypt_header_length;
+}
+
 const char *extree_backing_file(const Extree *t)
 {
     return t->backing_file;
@@ -1040,6 +1111,6 @@ uint64_t extree_metadata_bound(uint64_t virtual_size, uint32_t block_size,
             nodes += level;
         }
     }
-    return EXTREE_ROUND_UP(EXTREE_SB_AREA, bs) + 2 * nodes * ns +
+    return extree_data_start_for(bs, 0) + 2 * nodes * ns +
            extree_alloc_headroom(ns);
 }

@@ -70,6 +70,15 @@ typedef struct ExtreeCreateParams {
     uint64_t virtual_size;                      /* multiple of 512 */
     uint32_t block_size, node_size;             /* 0 = default */
     const char *backing_file, *backing_fmt;     /* may be NULL */
+    /*
+     * Encryption: the image gets EXTREE_INCOMPAT_ENCRYPTED and keeps
+     * [8192, 8192 + crypt_header_length) for the encryption header, which
+     * the caller writes (before or after extree_create(), which never
+     * touches that range).  The data area starts at the next block
+     * boundary.  The core encrypts nothing: that is the caller's.
+     */
+    uint32_t crypt_method;          /* 0 or EXTREE_CRYPT_LUKS */
+    uint64_t crypt_header_length;   /* bytes at 8192, with crypt_method */
 } ExtreeCreateParams;
 
 typedef struct ExtreeOpenOptions {
@@ -118,7 +127,8 @@ int extree_create_check(const ExtreeCreateParams *p, char **errmsg);
 
 /*
  * extree_create_check() @p, write an empty extent tree and free tree and
- * both superblock slots (generation 1), flush.
+ * both superblock slots (generation 1), flush.  Writes nothing below 8192
+ * but the superblocks, and nothing in the encryption header's range.
  */
 int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
                   char **errmsg);
@@ -259,8 +269,17 @@ unsigned extree_depth(const Extree *t);             /* levels, >= 1 */
 /* read-only: the superblock's */
 uint64_t extree_free_bytes(const Extree *t);
 uint64_t extree_host_end(const Extree *t);
-uint64_t extree_data_start(const Extree *t);        /* ROUND_UP(8192, bs) */
+/* ROUND_UP(8192 + extree_crypt_header_length(), bs) */
+uint64_t extree_data_start(const Extree *t);
 uint64_t extree_incompat_features(const Extree *t);
+/*
+ * Encryption (EXTREE_INCOMPAT_ENCRYPTED): the method, and where its header
+ * lies, [offset, offset + length), below extree_data_start().  Never
+ * changed by the core: snapshots, commits and the checker keep them.
+ */
+uint32_t extree_crypt_method(const Extree *t);          /* 0: not encrypted */
+uint64_t extree_crypt_header_offset(const Extree *t);   /* 0 if none */
+uint64_t extree_crypt_header_length(const Extree *t);   /* 0 if none */
 const char *extree_backing_file(const Extree *t);   /* NULL if none */
 const char *extree_backing_fmt(const Extree *t);    /* NULL if none */
 
@@ -593,7 +612,8 @@ int extree_check(Extree *t, bool repair_leaks, ExtreeCheckResult *res,
 
 /*
  * Upper bound of metadata bytes for qemu-img measure (@nr_extents 0:
- * worst case, one extent per block)
+ * worst case, one extent per block).  Without an encryption header: an
+ * encrypted image needs ROUND_UP(crypt_header_length, block_size) more.
  */
 uint64_t extree_metadata_bound(uint64_t virtual_size, uint32_t block_size,
                                uint32_t node_size, uint64_t nr_extents);

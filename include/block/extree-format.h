@@ -11,12 +11,15 @@
  * SPDX-License-Identifier: GPL-2.0-or-later
  *
  *   host file
- *   +----------------+----------------+------------------------------------+
- *   | superblock     | superblock     | tree nodes, data blocks and free   |
- *   | slot 0 (4 KiB) | slot 1 (4 KiB) | space, in any order, from          |
- *   | at 0           | at 4096        | ROUND_UP(8192, block_size) up to   |
- *   |                |                | host_end                           |
- *   +----------------+----------------+------------------------------------+
+ *   +----------------+----------------+-----------+------------------------+
+ *   | superblock     | superblock     | encryp-   | tree nodes, data blocks|
+ *   | slot 0 (4 KiB) | slot 1 (4 KiB) | tion      | and free space, in any |
+ *   | at 0           | at 4096        | header    | order, from data_start |
+ *   |                |                | (if any)  | up to host_end         |
+ *   +----------------+----------------+-----------+------------------------+
+ *
+ *   data_start = ROUND_UP(8192 + crypt_header_length, block_size)
+ *   (crypt_header_length is 0 without the encryption bit)
  *
  *   superblock --extent_root--> extent tree (guest offset -> host extent)
  *              --free_root----> free-space tree (host offset -> free run)
@@ -76,8 +79,16 @@
 #define EXTREE_INCOMPAT_SNAPSHOTS_BITNR 1
 #define EXTREE_INCOMPAT_SNAPSHOTS \
     (1ULL << EXTREE_INCOMPAT_SNAPSHOTS_BITNR)
+/*
+ * EXTREE_INCOMPAT_ENCRYPTED: guest data is encrypted (crypt_method); a
+ * reader that does not know the bit would hand out ciphertext
+ */
+#define EXTREE_INCOMPAT_ENCRYPTED_BITNR 2
+#define EXTREE_INCOMPAT_ENCRYPTED \
+    (1ULL << EXTREE_INCOMPAT_ENCRYPTED_BITNR)
 #define EXTREE_INCOMPAT_MASK \
-    (EXTREE_INCOMPAT_CORRUPT | EXTREE_INCOMPAT_SNAPSHOTS)
+    (EXTREE_INCOMPAT_CORRUPT | EXTREE_INCOMPAT_SNAPSHOTS | \
+     EXTREE_INCOMPAT_ENCRYPTED)
 
 /* Compatible features: none defined; unknown bits are ignored */
 #define EXTREE_COMPAT_MASK              0ULL
@@ -106,6 +117,17 @@
 #define EXTREE_MAX_SNAPSHOTS    65535
 #define EXTREE_SNAP_ID_MAX      127
 #define EXTREE_SNAP_NAME_MAX    255
+
+/*
+ * Encryption bit: crypt_method, and the encryption header at
+ * [EXTREE_CRYPT_HEADER_OFFSET, + crypt_header_length), right after the
+ * superblock slots and below data_start
+ */
+#define EXTREE_CRYPT_NONE       0
+#define EXTREE_CRYPT_LUKS       1       /* QEMU's LUKS (version 1) */
+#define EXTREE_CRYPT_HEADER_OFFSET EXTREE_SB_AREA
+#define EXTREE_CRYPT_HEADER_ALIGN 512
+#define EXTREE_CRYPT_HEADER_MAX (64 * 1024 * 1024)
 
 typedef struct __attribute__((packed)) ExtreeDiskRoot {
     uint64_t bytenr;            /* host offset of the root node */
@@ -141,7 +163,11 @@ typedef struct __attribute__((packed)) ExtreeDiskSuper {
     uint32_t snap_count;        /*  192 */
     uint32_t reserved5;         /*  196 */
     uint64_t snap_generation;   /*  200: nodes this new or newer: 1 ref */
-    uint8_t reserved2[1024 - 208];
+    uint32_t crypt_method;      /*  208: encryption bit: EXTREE_CRYPT_* */
+    uint32_t reserved6;         /*  212 */
+    uint64_t crypt_header_offset; /* 216: encryption bit: 8192 */
+    uint64_t crypt_header_length; /* 224: encryption bit: bytes */
+    uint8_t reserved2[1024 - 232];
     char backing_fmt[32];       /* 1024 */
     uint8_t reserved3[2048 - 1056];
     char backing_file[1024];    /* 2048 */
@@ -247,6 +273,12 @@ _Static_assert(__builtin_offsetof(ExtreeDiskSuper, snap_table_offset) == 184,
 _Static_assert(__builtin_offsetof(ExtreeDiskSuper, snap_count) == 192, "sb");
 _Static_assert(__builtin_offsetof(ExtreeDiskSuper, snap_generation) == 200,
                "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, crypt_method) == 208, "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, crypt_header_offset) ==
+               216, "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, crypt_header_length) ==
+               224, "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, reserved2) == 232, "sb");
 _Static_assert(sizeof(ExtreeDiskSnapHeader) == 64, "snapshot table header");
 _Static_assert(sizeof(ExtreeDiskSnapEntry) == EXTREE_SNAP_ENTRY_SIZE,
                "snapshot entry");
