@@ -208,6 +208,17 @@ static int xp_open_core(bool read_only)
     if (warn) {
         nbdkit_debug("%s: %s", cfg.file, warn);
     }
+    /*
+     * Guest data of an encrypted image is LUKS ciphertext: refuse before
+     * anything is served or changed (nothing was written: open does not
+     * write, and the handle is closed without a commit)
+     */
+    if (extree_crypt_method(xp.t) != EXTREE_CRYPT_NONE) {
+        nbdkit_error("%s: the image is encrypted (LUKS); the extree plugin "
+                     "cannot decrypt it: export it with qemu-nbd or "
+                     "qemu-storage-daemon and --object secret", cfg.file);
+        goto fail;
+    }
     xp.core_read_only = read_only;
     extree_set_corrupt_handler(xp.t, xp_corrupt_cb, NULL);
     if (extree_backing_file(xp.t)) {
