@@ -1442,6 +1442,36 @@ static void check_image(FzRun *r, Extree *t, bool must_be_clean)
 }
 
 /*
+ * Encryption bit: nothing the core did through a writable handle touched
+ * [8192, @data_start), where the encryption header lies, whatever the
+ * image: every node, extent and free range it may use lies at data_start
+ * or above.  @img is what the backend held before.
+ */
+static void check_crypt_header(FzRun *r, const uint8_t *img, size_t len,
+                               uint64_t data_start)
+{
+    uint64_t n = data_start - EXTREE_SB_AREA;
+    uint8_t *buf = g_malloc(n);
+
+    if (r->be->ops->pread(r->be->opaque, EXTREE_SB_AREA, buf, n) < 0) {
+        g_free(buf);
+        return;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t off = EXTREE_SB_AREA + i;
+        uint8_t want = off < len ? img[off] : 0;
+
+        if (buf[i] != want) {
+            r->phase = "encryption header";
+            violation(r, "the core changed byte 0x%" PRIx64 " of the "
+                      "encryption header [0x2000, 0x%" PRIx64 ")", off,
+                      data_start);
+        }
+    }
+    g_free(buf);
+}
+
+/*
  * Superblock edits may make the reader fall back to the other slot, as it
  * must after a torn write: then the older state, read from the original
  * with the newest slot wiped, is the reference.  NULL if that has no
@@ -1501,6 +1531,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ExtreeBackend *be, *snap_be = NULL;
     Extree *t = NULL;
     uint8_t *img, *orig = NULL;
+    uint64_t crypt_end = 0;
     bool ro = false;
     int ret;
 
@@ -1578,11 +1609,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!r.write_oracle) {
         r.scope = SCOPE_OTHER;
     }
+    if (extree_crypt_method(t)) {
+        crypt_end = extree_data_start(t);
+    }
     ret = updates(&r, t);
     if (ret == 0) {
         reads(&r, t, "after commit", false);
     }
     extree_close(t);
+    if (crypt_end) {
+        check_crypt_header(&r, img, in.img_len, crypt_end);
+    }
 
     ret = fz_open(be, false, false, &t);
     if (ret < 0) {

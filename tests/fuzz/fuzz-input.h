@@ -253,6 +253,8 @@ typedef struct FzImage {
     int slot;                   /* newest superblock with a good checksum */
     uint64_t gen, vsize, host_end;
     uint32_t bs, ns;
+    /* as the superblock says, the encryption header too (unchecked) */
+    uint64_t data_start;
     /*
      * Snapshots feature: the reference count tree's root, the snapshot
      * table (snap_count entries from its offset, header first) and the
@@ -350,7 +352,7 @@ static inline void fz_add_tree(FzImage *im, uint32_t owner, uint64_t root,
                 break;
             }
             if (fz_find_node(im, child) >= 0 || (child % im->bs) ||
-                child < EXTREE_SB_AREA) {
+                child < im->data_start) {
                 continue;
             }
             im->nodes[im->nnodes++] = (FzNode) {
@@ -400,6 +402,7 @@ static inline int fz_best_slot(const uint8_t *buf, size_t len, uint64_t *gen)
 static inline bool fz_image_parse(FzImage *im, const uint8_t *buf, size_t len)
 {
     const uint8_t *sb;
+    uint64_t crypt_len;
 
     im->buf = buf;
     im->len = len;
@@ -418,6 +421,9 @@ static inline bool fz_image_parse(FzImage *im, const uint8_t *buf, size_t len)
         im->ns > EXTREE_MAX_NODE_SIZE || (im->ns & (im->ns - 1))) {
         return false;
     }
+    crypt_len = (ext_ld64(sb + 32) & EXTREE_INCOMPAT_ENCRYPTED) ?
+                MIN(ext_ld64(sb + 224), EXTREE_CRYPT_HEADER_MAX) : 0;
+    im->data_start = extree_data_start_for(im->bs, crypt_len);
     fz_add_tree(im, EXTREE_TREE_EXTENT, ext_ld64(sb + 80), UINT64_MAX);
     fz_add_tree(im, EXTREE_TREE_FREE, ext_ld64(sb + 104), UINT64_MAX);
     im->ref_root = im->snap_table = im->snap_gen = 0;

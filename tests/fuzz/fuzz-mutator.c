@@ -167,7 +167,7 @@ static uint64_t new_value(Mut *m, uint64_t cur, int width)
         v = im->gen + below(m, 3) - 1;
         break;
     case 11:
-        v = EXTREE_ROUND_UP(EXTREE_SB_AREA, bs) + below(m, 8) * bs;
+        v = im->data_start + below(m, 8) * bs;
         break;
     case 12:
         v = cur ^ (1ULL << below(m, 8 * width));
@@ -408,6 +408,10 @@ static void mutate_super(Mut *m)
         { 192, 4 },     /* snap_count */
         { 200, 8 },     /* snap_generation */
         { 200, 8 },
+        { 208, 4 },     /* crypt_method */
+        { 216, 8 },     /* crypt_header_offset */
+        { 224, 8 },     /* crypt_header_length */
+        { 224, 8 },
     };
     int k = below(m, G_N_ELEMENTS(f) + 3);
     int slot = m->im->slot, both = below(m, 4) == 0;

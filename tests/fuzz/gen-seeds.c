@@ -59,12 +59,16 @@ static void gen_open(Gen *g)
     }
 }
 
-static void gen_start(Gen *g, uint64_t vsize, uint32_t bs, uint32_t ns,
-                      const char *backing, uint64_t seed)
+/* gen_start() with an encryption header of @crypt_len bytes (0: none) */
+static void gen_start_crypt(Gen *g, uint64_t vsize, uint32_t bs, uint32_t ns,
+                            const char *backing, uint64_t seed,
+                            uint64_t crypt_len)
 {
     ExtreeCreateParams p = {
         .virtual_size = vsize, .block_size = bs, .node_size = ns,
         .backing_file = backing, .backing_fmt = backing ? "qcow2" : NULL,
+        .crypt_method = crypt_len ? EXTREE_CRYPT_LUKS : 0,
+        .crypt_header_length = crypt_len,
     };
     char *err = NULL;
 
@@ -72,11 +76,33 @@ static void gen_start(Gen *g, uint64_t vsize, uint32_t bs, uint32_t ns,
     g->bs = bs;
     g->rng = seed;
     g->tagged = false;
+    if (crypt_len) {
+        /*
+         * A stand-in for the LUKS header, written first as the driver
+         * does: its magic, then a pattern (the core never reads it)
+         */
+        static const uint8_t magic[] = { 'L', 'U', 'K', 'S', 0xba, 0xbe,
+                                         0, 1 };
+        uint8_t *hdr = g_malloc(crypt_len);
+
+        for (uint64_t i = 0; i < crypt_len; i++) {
+            hdr[i] = i < sizeof(magic) ? magic[i] : (i % 512 < 64 ? i : 0);
+        }
+        must(g->be->ops->pwrite(g->be->opaque, EXTREE_SB_AREA, hdr,
+                                crypt_len), "header");
+        g_free(hdr);
+    }
     if (extree_create(g->be, &p, &err) < 0) {
         fprintf(stderr, "gen-seeds: create: %s\n", err);
         exit(1);
     }
     gen_open(g);
+}
+
+static void gen_start(Gen *g, uint64_t vsize, uint32_t bs, uint32_t ns,
+                      const char *backing, uint64_t seed)
+{
+    gen_start_crypt(g, vsize, bs, ns, backing, seed, 0);
 }
 
 /* DATA at [guest, +blocks) with pseudo-random contents */
@@ -475,6 +501,32 @@ static void seed_snap_refs(const char *dir)
     gen_finish(&g, dir, "snap-refs-512.img", 2);
 }
 
+/*
+ * Encryption bit: a header of 25 sectors at 8192 (data_start 0x5200),
+ * two levels of DATA and ZERO, a snapshot with VM state, then writes
+ */
+static void seed_crypt(const char *dir)
+{
+    Gen g;
+
+    gen_start_crypt(&g, 2 << 20, 512, 4096, NULL, 9, 25 * 512);
+    g.tagged = true;
+    for (int i = 0; i < 200; i++) {
+        if (i % 3 == 0) {
+            gen_write(&g, i * 4, 1 + i % 2);
+        } else {
+            gen_zero(&g, i * 4, 1);
+        }
+    }
+    gen_commit(&g);
+    gen_snapshot(&g, "before", 1200);
+    for (int i = 0; i < 20; i++) {
+        gen_write(&g, i * 37, 1);
+    }
+    gen_punch(&g, 400, 40);
+    gen_finish(&g, dir, "crypt-512.img", 2);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -490,5 +542,6 @@ int main(int argc, char **argv)
     seed_snapshots(argv[1]);
     seed_snap_levels(argv[1]);
     seed_snap_refs(argv[1]);
+    seed_crypt(argv[1]);
     return 0;
 }
