@@ -487,7 +487,11 @@ extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
 
             trace_extree_read_run(s, run->guest, run->length, run->type,
                                   run->host);
-            if (run->type == EXTREE_RUN_DATA) {
+            if (run->type == EXTREE_RUN_DATA && s->crypto) {
+                BLKDBG_CO_EVENT(bs->file, BLKDBG_READ_AIO);
+                ret = xt_crypt_read(s, run->host, run->guest, run->length,
+                                    qiov, qoff);
+            } else if (run->type == EXTREE_RUN_DATA) {
                 BLKDBG_CO_EVENT(bs->file, BLKDBG_READ_AIO);
                 ret = bdrv_co_preadv_part(bs->file, run->host, run->length,
                                           qiov, qoff, 0);
@@ -518,8 +522,9 @@ extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
  * Fill @buf (@bytes) with what guest [@guest, @guest + @bytes) reads as now;
  * it lies in a block of @run (possibly before @run->guest or past its end,
  * within the same block).  DATA (shared with a snapshot, so not written in
- * place): the old bytes in bs->file.  UNALLOC: the backing file, or zeroes.
- * ZERO: zeroes.  Bytes past @vsize read as zeroes.  Called without s->lock.
+ * place): the old bytes in bs->file, decrypted.  UNALLOC: the backing file,
+ * or zeroes.  ZERO: zeroes.  Bytes past @vsize read as zeroes.  Called
+ * without s->lock.
  */
 static int coroutine_fn GRAPH_RDLOCK
 xt_read_old(BDRVExtreeState *s, const ExtreeRun *run, uint64_t guest,
@@ -532,8 +537,13 @@ xt_read_old(BDRVExtreeState *s, const ExtreeRun *run, uint64_t guest,
     bytes = MIN(bytes, vsize - guest);
     if (run->type == EXTREE_RUN_DATA) {
         /* extents are whole blocks: the block is host-contiguous */
-        return bdrv_co_pread(s->bs->file, run->host + guest - run->guest,
-                             bytes, buf, 0);
+        int ret = bdrv_co_pread(s->bs->file, run->host + guest - run->guest,
+                                bytes, buf, 0);
+
+        if (ret == 0 && s->crypto) {
+            ret = xt_crypt(s, false, guest, buf, bytes);
+        }
+        return ret;
     }
     if (run->type == EXTREE_RUN_UNALLOC && s->bs->backing) {
         return bdrv_co_pread(s->bs->backing, guest, bytes, buf, 0);
@@ -646,7 +656,7 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     uint64_t start = QEMU_ALIGN_DOWN(offset, bsz);
     uint64_t end = ROUND_UP(offset + n, bsz);
     uint64_t host, got, head, wlen, tail, pend;
-    uint8_t *head_buf = NULL, *tail_buf = NULL;
+    uint8_t *head_buf = NULL, *tail_buf = NULL, *crypt_buf = NULL;
     ExtreeAllocReq req;
     QEMUIOVector hd_qiov;
     int ret;
@@ -690,6 +700,19 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
         ret = xt_read_old(s, run, offset + wlen, tail, vsize, tail_buf);
         qemu_iovec_add(&hd_qiov, tail_buf, tail);
     }
+    if (ret == 0 && s->crypto) {
+        /* the whole of the new blocks, encrypted at their guest offset */
+        crypt_buf = qemu_try_blockalign(bs->file->bs, got);
+        ret = crypt_buf ? 0 : -ENOMEM;
+        if (ret == 0) {
+            qemu_iovec_to_buf(&hd_qiov, 0, crypt_buf, got);
+            ret = xt_crypt(s, true, start, crypt_buf, got);
+        }
+        if (ret == 0) {
+            qemu_iovec_reset(&hd_qiov);
+            qemu_iovec_add(&hd_qiov, crypt_buf, got);
+        }
+    }
     if (ret == 0) {
         BLKDBG_CO_EVENT(bs->file, BLKDBG_WRITE_AIO);
         ret = bdrv_co_pwritev(bs->file, host, got, &hd_qiov, 0);
@@ -697,6 +720,7 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     qemu_iovec_destroy(&hd_qiov);
     qemu_vfree(head_buf);
     qemu_vfree(tail_buf);
+    qemu_vfree(crypt_buf);
 
     xt_lock(s);
     if (ret == 0) {
@@ -755,8 +779,13 @@ xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
             qemu_co_mutex_unlock(&s->lock);
             trace_extree_write_in_place(s, offset, n, run.host);
             BLKDBG_CO_EVENT(bs->file, BLKDBG_WRITE_AIO);
-            ret = bdrv_co_pwritev_part(bs->file, run.host, n, qiov,
-                                       qiov_offset, 0);
+            if (s->crypto) {
+                ret = xt_crypt_write(s, run.host, offset, n, qiov,
+                                     qiov_offset);
+            } else {
+                ret = bdrv_co_pwritev_part(bs->file, run.host, n, qiov,
+                                           qiov_offset, 0);
+            }
             xt_lock(s);
             xt_io_end(s);
         } else {
@@ -908,9 +937,9 @@ extree_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes)
  * block, not the whole of it.  DATA: zero in place in the host file.
  * ZERO: nothing to do.  Unallocated without a backing file: the block
  * reads as zeroes, make it a ZERO extent.  Unallocated with one, or DATA a
- * snapshot shares (never written in place): write a buffer of zeroes
- * (read-modify-write of the block into new space), unless the caller
- * forbids that fallback.
+ * snapshot shares (never written in place), or any DATA of an encrypted
+ * image: write a buffer of zeroes (read-modify-write of the block into new
+ * space, or encrypted), unless the caller forbids that fallback.
  */
 static int coroutine_fn GRAPH_RDLOCK
 xt_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
@@ -957,8 +986,12 @@ xt_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
 
     switch (run.type) {
     case EXTREE_RUN_DATA:
-        if (!in_place) {
-            /* A snapshot shares the block: a buffer of zeroes to new space */
+        if (!in_place || s->crypto) {
+            /*
+             * A snapshot shares the block: a buffer of zeroes to new space.
+             * Encrypted: zeroes on the host would decrypt to garbage, the
+             * buffer is written encrypted (in place if unshared).
+             */
             xt_io_end(s);
             if (flags & BDRV_REQ_NO_FALLBACK) {
                 ret = -ENOTSUP;
@@ -1005,8 +1038,9 @@ write_buffer:
  * Zero whole blocks [start, end) (end may be the rounded-up end of the
  * disk).  With BDRV_REQ_MAY_UNMAP: one ZERO extent, DATA space freed.
  * Without: DATA keeps its space and is zeroed in place, except DATA a
- * snapshot shares, which becomes a ZERO extent (never written in place);
- * the rest becomes ZERO extents.
+ * snapshot shares, which becomes a ZERO extent (never written in place),
+ * and DATA of an encrypted image (host zeroes are not guest zeroes); the
+ * rest becomes ZERO extents.
  */
 static int coroutine_fn GRAPH_RDLOCK
 xt_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
@@ -1048,8 +1082,11 @@ xt_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
             xt_io_end(s);
             break;
         }
-        if (run.type == EXTREE_RUN_DATA && !in_place) {
-            /* A snapshot shares it: not in place, a ZERO extent instead */
+        if (run.type == EXTREE_RUN_DATA && (!in_place || s->crypto)) {
+            /*
+             * A snapshot shares it: not in place, a ZERO extent instead.
+             * Encrypted: zeroes on the host would not read as zeroes.
+             */
             xt_io_end(s);
             ret = xt_update_range(s, start, ROUND_UP(start + run.length, bsz),
                                   EXTREE_OP_ZERO);
@@ -1113,7 +1150,8 @@ extree_co_pwrite_zeroes(BlockDriverState *bs, int64_t offset, int64_t bytes,
 /*
  * Preallocate whole blocks [start, end), which are unallocated: allocate,
  * make the host space read as zeroes (@mode: metadata may leave holes,
- * falloc allocates, full writes zeroes), map as DATA.
+ * falloc allocates, full writes zeroes; on an encrypted image every mode
+ * writes encrypted zeroes), map as DATA.
  * Called with s->lock held; the I/O is done with it held (truncate is
  * rare, and nothing else may allocate meanwhile).
  */
@@ -1153,7 +1191,10 @@ xt_preallocate(BDRVExtreeState *s, uint64_t start, uint64_t end,
             goto undo;
         }
         zlen = host < (uint64_t)file_len ? MIN(got, file_len - host) : 0;
-        if (zlen && mode == PREALLOC_MODE_FULL) {
+        if (s->crypto) {
+            /* host zeroes would decrypt to garbage: every mode is full */
+            ret = xt_crypt_write(s, host, start, got, NULL, 0);
+        } else if (zlen && mode == PREALLOC_MODE_FULL) {
             size_t chunk = MIN(zlen, 1 * MiB);
             void *buf = qemu_blockalign0(bs, chunk);
             for (uint64_t o = 0; o < zlen && ret == 0; o += chunk) {
@@ -1280,12 +1321,12 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
                 ret = xt_in_place(s, &run, QEMU_ALIGN_DOWN(old, bsz), bsz,
                                   &in_place);
             }
-            if (ret == 0 && in_place) {
+            if (ret == 0 && in_place && !s->crypto) {
                 ret = bdrv_co_pwrite_zeroes(bs->file, run.host, len, 0);
             } else if (ret == 0 && (run.type == EXTREE_RUN_DATA ||
                                     (run.type == EXTREE_RUN_UNALLOC &&
                                      (flags & BDRV_REQ_ZERO_WRITE)))) {
-                /* shared with a snapshot: zeroes to new space */
+                /* shared with a snapshot, or encrypted: a buffer */
                 QEMUIOVector qiov;
                 void *buf = qemu_blockalign0(bs, len);
 
@@ -1411,7 +1452,8 @@ extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
     *pnum = run.length;
     switch (run.type) {
     case EXTREE_RUN_DATA:
-        if (!want_zero) {
+        if (!want_zero || s->crypto) {
+            /* the host bytes of an encrypted image are not the data */
             return BDRV_BLOCK_DATA;
         }
         *map = run.host;

@@ -30,6 +30,7 @@
 #include "qemu/coroutine.h"
 #include "qemu/queue.h"
 #include "qemu/timer.h"
+#include "crypto/block.h"
 
 #include "extree/extree.h"
 
@@ -174,12 +175,48 @@ typedef struct BDRVExtreeState {
      * change; lives in bs's AioContext.
      */
     QEMUTimer *commit_timer;
+
+    /*
+     * LUKS (extree-crypt.c): NULL if the image is not encrypted.  Set at
+     * open and kept until close (reopen and invalidation keep it: the
+     * header does not move); the crypto layer locks its own ciphers, so
+     * requests use it without s->lock.  The header's place, from the
+     * superblock, is constant too.
+     */
+    QCryptoBlock *crypto;
+    uint64_t crypt_hdr_offset;
+    uint64_t crypt_hdr_len;
 } BDRVExtreeState;
+
+/* Bounce buffers of encrypted I/O are at most this large */
+#define XT_CRYPT_CHUNK      (1024 * 1024)
 
 /* ---- extree-file.c ---- */
 
 /* Backend over bs->file, opaque = BDRVExtreeState */
 extern const ExtreeBackendOps xt_file_backend_ops;
+
+/* extree-crypt.c */
+int coroutine_fn GRAPH_RDLOCK
+xt_crypt_open(BDRVExtreeState *s, QDict *encryptopts, int flags,
+              Error **errp);
+void xt_crypt_close(BDRVExtreeState *s);
+int coroutine_fn xt_crypt_create(BlockBackend *blk,
+                                 QCryptoBlockCreateOptions *opts,
+                                 uint64_t *header_len, Error **errp);
+int xt_crypt_measure(QCryptoBlockCreateOptions *opts, uint64_t *header_len,
+                     Error **errp);
+int GRAPH_RDLOCK xt_crypt_amend(BDRVExtreeState *s,
+                                QCryptoBlockAmendOptions *opts, bool force,
+                                Error **errp);
+int coroutine_fn xt_crypt(BDRVExtreeState *s, bool encrypt, uint64_t guest,
+                          void *buf, size_t len);
+int coroutine_fn GRAPH_RDLOCK
+xt_crypt_read(BDRVExtreeState *s, uint64_t host, uint64_t guest,
+              uint64_t bytes, QEMUIOVector *qiov, size_t qiov_offset);
+int coroutine_fn GRAPH_RDLOCK
+xt_crypt_write(BDRVExtreeState *s, uint64_t host, uint64_t guest,
+               uint64_t bytes, QEMUIOVector *qiov, size_t qiov_offset);
 /* Backend over a BlockBackend (opaque), for image creation */
 extern const ExtreeBackendOps xt_blk_backend_ops;
 

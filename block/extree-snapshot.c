@@ -374,35 +374,61 @@ xt_vmstate_rw(BlockDriverState *bs, QEMUIOVector *qiov, int64_t pos,
               bool write)
 {
     BDRVExtreeState *s = bs->opaque;
-    void *buf;
+    uint64_t start = pos, len = qiov->size, head = 0;
+    uint8_t *buf;
     int ret;
 
     if (pos < 0) {
         return -EINVAL;
     }
-    buf = g_try_malloc(qiov->size);
-    if (!buf && qiov->size) {
-        return -ENOMEM;
+    if (s->crypto) {
+        /*
+         * Encrypted (the VM state is guest memory): whole sectors, each
+         * with the IV of its guest offset in the tree; the partial first
+         * and last sector of a write are read-modify-write
+         */
+        start = QEMU_ALIGN_DOWN(pos, BDRV_SECTOR_SIZE);
+        head = pos - start;
+        len = ROUND_UP(pos + qiov->size, BDRV_SECTOR_SIZE) - start;
     }
-    if (write) {
-        qemu_iovec_to_buf(qiov, 0, buf, qiov->size);
+    buf = g_try_malloc0(len);
+    if (!buf && len) {
+        return -ENOMEM;
     }
     ret = xt_enter(s);
     if (ret == 0) {
         if (write && (s->core_read_only || s->inactive)) {
             ret = -EACCES;
         } else if (write) {
-            xt_grow_before(s, qiov->size);
-            ret = extree_vmstate_write(s->t, pos, buf, qiov->size);
-            xt_update_done(s);
+            if (s->crypto && len != qiov->size) {
+                ret = extree_vmstate_read(s->t, start, buf, len);
+                if (ret == 0) {
+                    ret = xt_crypt(s, false, EXTREE_VMSTATE_BASE + start,
+                                   buf, len);
+                }
+            }
+            qemu_iovec_to_buf(qiov, 0, buf + head, qiov->size);
+            if (ret == 0 && s->crypto) {
+                ret = xt_crypt(s, true, EXTREE_VMSTATE_BASE + start, buf,
+                               len);
+            }
+            if (ret == 0) {
+                xt_grow_before(s, len);
+                ret = extree_vmstate_write(s->t, start, buf, len);
+                xt_update_done(s);
+            }
         } else {
-            ret = extree_vmstate_read(s->t, pos, buf, qiov->size);
+            ret = extree_vmstate_read(s->t, start, buf, len);
+            if (ret == 0 && s->crypto) {
+                ret = xt_crypt(s, false, EXTREE_VMSTATE_BASE + start, buf,
+                               len);
+            }
         }
         trace_extree_vmstate(s, write, pos, qiov->size, ret);
         xt_leave(s);
     }
     if (ret == 0 && !write) {
-        qemu_iovec_from_buf(qiov, 0, buf, qiov->size);
+        qemu_iovec_from_buf(qiov, 0, buf + head, qiov->size);
     }
     g_free(buf);
     return ret;

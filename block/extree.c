@@ -18,6 +18,7 @@
 #include "qemu/osdep.h"
 #include "block/block_int.h"
 #include "block/qdict.h"
+#include "crypto.h"
 #include "qapi/error.h"
 #include "qapi/qapi-visit-block-core.h"
 #include "qapi/qobject-input-visitor.h"
@@ -26,6 +27,7 @@
 #include "qemu/error-report.h"
 #include "qemu/module.h"
 #include "qemu/option.h"
+#include "qemu/option_int.h"
 #include "qemu/timer.h"
 #include "qemu/units.h"
 #include "qobject/qdict.h"
@@ -73,6 +75,12 @@ static QemuOptsList extree_runtime_opts = {
         },
         { /* end of list */ }
     },
+};
+
+/* The key decides what the image reads as (bdrv_refresh_filename()) */
+static const char *const extree_strong_runtime_opts[] = {
+    "encrypt." BLOCK_CRYPTO_OPT_LUKS_KEY_SECRET,
+    NULL
 };
 
 static const char *const extree_mutable_opts[] = {
@@ -333,6 +341,7 @@ static void xt_init_state(BlockDriverState *bs)
 typedef struct ExtreeOpenCo {
     BlockDriverState *bs;
     int flags;
+    QDict *encryptopts;
     Error **errp;
     int ret;
 } ExtreeOpenCo;
@@ -343,16 +352,24 @@ static void coroutine_fn xt_open_entry(void *opaque)
     BDRVExtreeState *s = oc->bs->opaque;
     Extree *t = NULL;
     bool read_only;
+    int ret;
 
     GRAPH_RDLOCK_GUARD();
 
     xt_lock(s);
-    oc->ret = xt_open_core(s, oc->flags, s->cache_size, &t, &read_only,
-                           oc->errp);
-    if (oc->ret == 0) {
+    ret = xt_open_core(s, oc->flags, s->cache_size, &t, &read_only,
+                       oc->errp);
+    if (ret == 0) {
         xt_install_core(s, t, read_only);
+        /* The key is checked before anything is written */
+        ret = xt_crypt_open(s, oc->encryptopts, oc->flags, oc->errp);
+        if (ret < 0) {
+            xt_drop_core(s);
+        }
     }
     qemu_co_mutex_unlock(&s->lock);
+    /* Last: the caller stops waiting when it changes */
+    oc->ret = ret;
     aio_wait_kick();
 }
 
@@ -378,6 +395,7 @@ static int extree_open_bs(BlockDriverState *bs, QDict *options, int flags,
     if (ret < 0) {
         return ret;
     }
+    qdict_extract_subqdict(options, &oc.encryptopts, "encrypt.");
     s->inactive = flags & BDRV_O_INACTIVE;
 
     assert(!qemu_in_coroutine());
@@ -385,6 +403,7 @@ static int extree_open_bs(BlockDriverState *bs, QDict *options, int flags,
     aio_co_enter(bdrv_get_aio_context(bs),
                  qemu_coroutine_create(xt_open_entry, &oc));
     AIO_WAIT_WHILE_UNLOCKED(NULL, oc.ret == -EINPROGRESS);
+    qobject_unref(oc.encryptopts);
     ret = oc.ret;
     if (ret < 0) {
         return ret;
@@ -401,8 +420,12 @@ static void extree_refresh_limits(BlockDriverState *bs, Error **errp)
 {
     BDRVExtreeState *s = bs->opaque;
 
-    /* Any alignment: sub-block writes are read-modify-write of a block */
-    bs->bl.request_alignment = 1;
+    /*
+     * Any alignment: sub-block writes are read-modify-write of a block.
+     * Encrypted: whole sectors of the cipher.
+     */
+    bs->bl.request_alignment = s->crypto ?
+        qcrypto_block_get_sector_size(s->crypto) : 1;
     bs->bl.pdiscard_alignment = s->block_size;
     bs->bl.pwrite_zeroes_alignment = s->block_size;
 }
@@ -436,6 +459,7 @@ static void GRAPH_UNLOCKED extree_close_bs(BlockDriverState *bs)
     GRAPH_RDLOCK_GUARD_MAINLOOP();
 
     xt_do_close(bs);
+    xt_crypt_close(s);
     g_free(s->corrupt_msg);
     s->corrupt_msg = NULL;
 }
@@ -450,6 +474,7 @@ extree_reopen_prepare(BDRVReopenState *state, BlockReopenQueue *queue,
     ExtreeReopenState *r;
     bool want_ro = !(state->flags & BDRV_O_RDWR) ||
                    (state->flags & BDRV_O_INACTIVE);
+    QDict *encryptopts = NULL;
     bool new_handle;
     int ret;
 
@@ -462,6 +487,9 @@ extree_reopen_prepare(BDRVReopenState *state, BlockReopenQueue *queue,
     if (ret < 0) {
         goto fail;
     }
+    /* The LUKS context opened with the image stays: the key is not reread */
+    qdict_extract_subqdict(state->options, &encryptopts, "encrypt.");
+    qobject_unref(encryptopts);
 
     /* Going read-only: everything must be committed now */
     if (want_ro && !s->core_read_only) {
@@ -741,6 +769,15 @@ extree_get_specific_info(BlockDriverState *bs, Error **errp)
         .corrupt = !!(extree_incompat_features(s->t) &
                       EXTREE_INCOMPAT_CORRUPT),
     };
+    if (s->crypto) {
+        QCryptoBlockInfo *encrypt = qcrypto_block_get_info(s->crypto, errp);
+
+        if (!encrypt) {
+            qapi_free_ImageInfoSpecific(spec_info);
+            return NULL;
+        }
+        spec_info->u.extree.data->encrypt = encrypt;
+    }
     return spec_info;
 }
 
@@ -842,7 +879,7 @@ extree_co_create(BlockdevCreateOptions *opts, Error **errp)
     ExtreeBackend be;
     ExtreeCreateParams params;
     PreallocMode prealloc;
-    uint64_t block_size, node_size;
+    uint64_t block_size, node_size, crypt_len = 0;
     g_autofree char *msg = NULL;
     const char *backing_fmt = NULL;
     int ret;
@@ -885,6 +922,14 @@ extree_co_create(BlockdevCreateOptions *opts, Error **errp)
         goto out;
     }
 
+    /* The LUKS header first: superblocks never point to a missing one */
+    if (xo->encrypt) {
+        ret = xt_crypt_create(blk, xo->encrypt, &crypt_len, errp);
+        if (ret < 0) {
+            goto out;
+        }
+    }
+
     /* Preallocation is a grow of an empty image, done by the driver */
     params = (ExtreeCreateParams) {
         .virtual_size = prealloc == PREALLOC_MODE_OFF ? xo->size : 0,
@@ -892,6 +937,8 @@ extree_co_create(BlockdevCreateOptions *opts, Error **errp)
         .node_size = node_size,
         .backing_file = xo->backing_file,
         .backing_fmt = backing_fmt,
+        .crypt_method = xo->encrypt ? EXTREE_CRYPT_LUKS : 0,
+        .crypt_header_length = crypt_len,
     };
     be.ops = &xt_blk_backend_ops;
     be.opaque = blk;
@@ -907,6 +954,12 @@ extree_co_create(BlockdevCreateOptions *opts, Error **errp)
         blk_co_unref(blk);
         qdict_put_str(options, "driver", "extree");
         qdict_put_str(options, "file", bs->node_name);
+        if (xo->encrypt) {
+            /* preallocated blocks are encrypted zeroes: the key is needed */
+            qdict_put_str(options, "encrypt.format", "luks");
+            qdict_put_str(options, "encrypt.key-secret",
+                          xo->encrypt->u.luks.key_secret);
+        }
         blk = blk_co_new_open(NULL, NULL, options,
                               BDRV_O_RDWR | BDRV_O_RESIZE | BDRV_O_NO_BACKING,
                               errp);
@@ -935,7 +988,7 @@ extree_co_create_opts(BlockDriver *drv, const char *filename, QemuOpts *opts,
     BlockDriverState *bs = NULL;
     QDict *qdict;
     Visitor *v;
-    const char *prealloc_str, *backing_fmt;
+    const char *prealloc_str, *backing_fmt, *encrypt_fmt;
     PreallocMode prealloc;
     uint64_t size, block_size;
     Error *local_err = NULL;
@@ -967,6 +1020,12 @@ extree_co_create_opts(BlockDriver *drv, const char *filename, QemuOpts *opts,
     if (backing_fmt &&
         qapi_enum_parse(&BlockdevDriver_lookup, backing_fmt, -1, NULL) < 0) {
         error_setg(errp, "Unknown backing file format '%s'", backing_fmt);
+        return -EINVAL;
+    }
+    encrypt_fmt = qemu_opt_get(opts, BLOCK_OPT_ENCRYPT_FORMAT);
+    if (encrypt_fmt && !g_str_equal(encrypt_fmt, "luks")) {
+        error_setg(errp, "Unsupported encryption format '%s' (extree "
+                   "supports 'luks')", encrypt_fmt);
         return -EINVAL;
     }
     ret = xt_check_create(size, block_size,
@@ -1048,7 +1107,7 @@ static BlockMeasureInfo *extree_measure(QemuOpts *opts, BlockDriverState *in_bs,
     BlockMeasureInfo *info;
     g_autofree char *optstr = NULL;
     uint64_t block_size, node_size, virtual_size, vend;
-    uint64_t required_data = 0, nr_extents = 0;
+    uint64_t required_data = 0, nr_extents = 0, crypt_bytes = 0;
     PreallocMode prealloc;
     bool has_backing_file;
 
@@ -1082,6 +1141,30 @@ static BlockMeasureInfo *extree_measure(QemuOpts *opts, BlockDriverState *in_bs,
         return NULL;
     }
     vend = ROUND_UP(virtual_size, block_size);
+
+    g_free(optstr);
+    optstr = qemu_opt_get_del(opts, BLOCK_OPT_ENCRYPT_FORMAT);
+    if (optstr && !g_str_equal(optstr, "luks")) {
+        error_setg(errp, "Unsupported encryption format '%s' (extree "
+                   "supports 'luks')", optstr);
+        return NULL;
+    } else if (optstr) {
+        g_autoptr(QCryptoBlockCreateOptions) copts = NULL;
+        QDict *all = qemu_opts_to_qdict(opts, NULL), *cryptoopts;
+        uint64_t hlen;
+
+        qdict_extract_subqdict(all, &cryptoopts, "encrypt.");
+        qobject_unref(all);
+        qdict_put_str(cryptoopts, "format", "luks");
+        copts = block_crypto_create_opts_init(cryptoopts, errp);
+        qobject_unref(cryptoopts);
+        if (!copts || xt_crypt_measure(copts, &hlen, errp) < 0) {
+            return NULL;
+        }
+        /* the header moves the data area's start (spec: Encryption) */
+        crypt_bytes = ROUND_UP(EXTREE_SB_AREA + hlen, block_size) -
+                      ROUND_UP(EXTREE_SB_AREA, block_size);
+    }
 
     if (in_bs && has_backing_file) {
         /* Nothing known about what the backing file shares: all of it */
@@ -1123,10 +1206,9 @@ static BlockMeasureInfo *extree_measure(QemuOpts *opts, BlockDriverState *in_bs,
 
     info = g_new0(BlockMeasureInfo, 1);
     /* Fully allocated in the worst order: one extent per block */
-    info->fully_allocated = vend + extree_metadata_bound(virtual_size,
-                                                         block_size,
-                                                         node_size, 0);
-    info->required = required_data +
+    info->fully_allocated = vend + crypt_bytes +
+        extree_metadata_bound(virtual_size, block_size, node_size, 0);
+    info->required = required_data + crypt_bytes +
         extree_metadata_bound(virtual_size, block_size, node_size,
                               nr_extents ? nr_extents : 1);
     return info;
@@ -1141,7 +1223,21 @@ extree_amend_options(BlockDriverState *bs, QemuOpts *opts,
 {
     BDRVExtreeState *s = bs->opaque;
     const char *backing_file, *backing_fmt;
+    bool encryption_update = false;
+    QemuOptDesc *desc;
     uint64_t v;
+
+    for (desc = opts->list->desc; desc && desc->name; desc++) {
+        if (g_str_has_prefix(desc->name, "encrypt.") &&
+            qemu_opt_find(opts, desc->name)) {
+            encryption_update = true;
+        }
+    }
+    if (encryption_update && !s->crypto) {
+        error_setg(errp, "Can't amend encryption options - encryption not "
+                   "present");
+        return -EINVAL;
+    }
 
     if (qemu_opt_find(opts, EXTREE_OPT_BLOCK_SIZE)) {
         v = qemu_opt_get_size(opts, EXTREE_OPT_BLOCK_SIZE, 0);
@@ -1188,7 +1284,35 @@ extree_amend_options(BlockDriverState *bs, QemuOpts *opts,
             return ret;
         }
     }
+
+    if (encryption_update) {
+        g_autoptr(QCryptoBlockAmendOptions) amend = NULL;
+        QDict *all = qemu_opts_to_qdict(opts, NULL), *cryptoopts;
+
+        qdict_extract_subqdict(all, &cryptoopts, "encrypt.");
+        qobject_unref(all);
+        qdict_put_str(cryptoopts, "format", "luks");
+        amend = block_crypto_amend_opts_init(cryptoopts, errp);
+        qobject_unref(cryptoopts);
+        if (!amend) {
+            return -EINVAL;
+        }
+        return xt_crypt_amend(s, amend, force, errp);
+    }
     return 0;
+}
+
+/* x-blockdev-amend: the LUKS key slots */
+static int coroutine_fn GRAPH_RDLOCK
+extree_co_amend(BlockDriverState *bs, BlockdevAmendOptions *opts, bool force,
+                Error **errp)
+{
+    BlockdevAmendOptionsExtree *xo = &opts->u.extree;
+
+    if (!xo->encrypt) {
+        return 0;
+    }
+    return xt_crypt_amend(bs->opaque, xo->encrypt, force, errp);
 }
 
 /* ---- Driver table ---- */
@@ -1233,6 +1357,19 @@ static QemuOptsList extree_create_opts = {
             .help = "Preallocation mode (allowed values: off, metadata, "
                     "falloc, full); not with a backing file"
         },
+        {
+            .name = BLOCK_OPT_ENCRYPT_FORMAT,
+            .type = QEMU_OPT_STRING,
+            .help = "Encrypt the image, format choices: 'luks'",
+        },
+        BLOCK_CRYPTO_OPT_DEF_KEY_SECRET("encrypt.",
+            "ID of secret providing LUKS passphrase"),
+        BLOCK_CRYPTO_OPT_DEF_LUKS_CIPHER_ALG("encrypt."),
+        BLOCK_CRYPTO_OPT_DEF_LUKS_CIPHER_MODE("encrypt."),
+        BLOCK_CRYPTO_OPT_DEF_LUKS_IVGEN_ALG("encrypt."),
+        BLOCK_CRYPTO_OPT_DEF_LUKS_IVGEN_HASH_ALG("encrypt."),
+        BLOCK_CRYPTO_OPT_DEF_LUKS_HASH_ALG("encrypt."),
+        BLOCK_CRYPTO_OPT_DEF_LUKS_ITER_TIME("encrypt."),
         { /* end of list */ }
     }
 };
@@ -1268,6 +1405,11 @@ static QemuOptsList extree_amend_opts = {
             .type = QEMU_OPT_SIZE,
             .help = "Metadata tree node size (cannot be changed)"
         },
+        BLOCK_CRYPTO_OPT_DEF_LUKS_STATE("encrypt."),
+        BLOCK_CRYPTO_OPT_DEF_LUKS_KEYSLOT("encrypt."),
+        BLOCK_CRYPTO_OPT_DEF_LUKS_OLD_SECRET("encrypt."),
+        BLOCK_CRYPTO_OPT_DEF_LUKS_NEW_SECRET("encrypt."),
+        BLOCK_CRYPTO_OPT_DEF_LUKS_ITER_TIME("encrypt."),
         { /* end of list */ }
     }
 };
@@ -1278,6 +1420,7 @@ static BlockDriver bdrv_extree = {
     .create_opts                    = &extree_create_opts,
     .amend_opts                     = &extree_amend_opts,
     .mutable_opts                   = extree_mutable_opts,
+    .strong_runtime_opts            = extree_strong_runtime_opts,
     .is_format                      = true,
     .supports_backing               = true,
 
@@ -1309,6 +1452,7 @@ static BlockDriver bdrv_extree = {
     .bdrv_get_specific_info         = extree_get_specific_info,
     .bdrv_measure                   = extree_measure,
     .bdrv_amend_options             = extree_amend_options,
+    .bdrv_co_amend                  = extree_co_amend,
     .bdrv_co_change_backing_file    = extree_co_change_backing_file,
     .bdrv_snapshot_create           = extree_snapshot_create_bs,
     .bdrv_snapshot_goto             = extree_snapshot_goto_bs,

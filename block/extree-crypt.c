@@ -1,0 +1,361 @@
+/*
+ * extree driver: LUKS encryption of guest data
+ *
+ * The core knows only where the LUKS header lies (spec: Encryption); the
+ * header itself and every sector of guest data are QEMU's crypto layer's
+ * business (crypto/block-luks.c), as in qcow2.  The IV of a sector is
+ * derived from its guest offset, not its host offset: a DATA extent that
+ * a snapshot shares, or that moves to new space with the rest of its
+ * block, stays valid as it is.
+ *
+ * Copyright (c) 2026 extree developers
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "qemu/osdep.h"
+#include "block/block_int.h"
+#include "block/qdict.h"
+#include "block/thread-pool.h"
+#include "crypto.h"
+#include "crypto/block.h"
+#include "qapi/error.h"
+#include "qemu/memalign.h"
+#include "qobject/qdict.h"
+#include "system/block-backend.h"
+#include "trace/trace-block_extree.h"
+#include "extree-qemu.h"
+
+/* ---- The header, at [crypt_hdr_offset, + crypt_hdr_len) ---- */
+
+static int GRAPH_RDLOCK
+xt_crypt_hdr_read(QCryptoBlock *block, size_t offset, uint8_t *buf,
+                  size_t buflen, void *opaque, Error **errp)
+{
+    BDRVExtreeState *s = opaque;
+    int ret;
+
+    if (offset > s->crypt_hdr_len || buflen > s->crypt_hdr_len - offset) {
+        error_setg(errp, "extree: LUKS header read at %zu+%zu is past the "
+                   "end of the encryption header (%" PRIu64 " bytes)",
+                   offset, buflen, s->crypt_hdr_len);
+        return -1;
+    }
+    ret = bdrv_pread(s->bs->file, s->crypt_hdr_offset + offset, buflen, buf,
+                     0);
+    if (ret < 0) {
+        error_setg_errno(errp, -ret, "Could not read encryption header");
+        return -1;
+    }
+    return 0;
+}
+
+static int coroutine_mixed_fn GRAPH_RDLOCK
+xt_crypt_hdr_write(QCryptoBlock *block, size_t offset, const uint8_t *buf,
+                   size_t buflen, void *opaque, Error **errp)
+{
+    BDRVExtreeState *s = opaque;
+    int ret;
+
+    if (offset > s->crypt_hdr_len || buflen > s->crypt_hdr_len - offset) {
+        error_setg(errp, "extree: LUKS header write at %zu+%zu is past the "
+                   "end of the encryption header (%" PRIu64 " bytes)",
+                   offset, buflen, s->crypt_hdr_len);
+        return -1;
+    }
+    ret = bdrv_pwrite(s->bs->file, s->crypt_hdr_offset + offset, buflen, buf,
+                      0);
+    if (ret < 0) {
+        error_setg_errno(errp, -ret, "Could not write encryption header");
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * @encryptopts: the "encrypt." options of the open, prefix removed.  An
+ * image without encryption accepts only options that name no format
+ * (like qcow2, which ignores a stray key-secret).
+ */
+int coroutine_fn GRAPH_RDLOCK
+xt_crypt_open(BDRVExtreeState *s, QDict *encryptopts, int flags,
+              Error **errp)
+{
+    BlockDriverState *bs = s->bs;
+    const char *fmt = qdict_get_try_str(encryptopts, "format");
+    g_autoptr(QCryptoBlockOpenOptions) opts = NULL;
+    unsigned cflags = 0;
+
+    if (!extree_crypt_method(s->t)) {
+        if (fmt) {
+            error_setg(errp, "No encryption in image header, but options "
+                       "specified format '%s'", fmt);
+            return -EINVAL;
+        }
+        return 0;
+    }
+    if (extree_crypt_method(s->t) != EXTREE_CRYPT_LUKS) {
+        /* the core refuses unknown methods: a guard */
+        error_setg(errp, "extree: unsupported encryption method %" PRIu32,
+                   extree_crypt_method(s->t));
+        return -ENOTSUP;
+    }
+    if (fmt && !g_str_equal(fmt, "luks")) {
+        error_setg(errp, "Header reported 'luks' encryption format but "
+                   "options specify '%s'", fmt);
+        return -EINVAL;
+    }
+    qdict_put_str(encryptopts, "format", "luks");
+    opts = block_crypto_open_opts_init(encryptopts, errp);
+    if (!opts) {
+        return -EINVAL;
+    }
+    s->crypt_hdr_offset = extree_crypt_header_offset(s->t);
+    s->crypt_hdr_len = extree_crypt_header_length(s->t);
+    if (flags & BDRV_O_NO_IO) {
+        cflags |= QCRYPTO_BLOCK_OPEN_NO_IO;
+    }
+    /* The LUKS payload offset means nothing here: data is in extents */
+    cflags |= QCRYPTO_BLOCK_OPEN_DETACHED;
+    s->crypto = qcrypto_block_open(opts, "encrypt.", xt_crypt_hdr_read, s,
+                                   cflags, errp);
+    if (!s->crypto) {
+        return -EINVAL;
+    }
+    bs->encrypted = true;
+    trace_extree_crypt_open(s, s->crypt_hdr_offset, s->crypt_hdr_len,
+                            !!(flags & BDRV_O_NO_IO));
+    return 0;
+}
+
+void xt_crypt_close(BDRVExtreeState *s)
+{
+    qcrypto_block_free(s->crypto);
+    s->crypto = NULL;
+}
+
+/* ---- Create ---- */
+
+typedef struct XtCryptCreate {
+    BlockBackend *blk;
+    uint64_t len;                       /* header bytes, 512-aligned */
+} XtCryptCreate;
+
+static int coroutine_fn
+xt_crypt_create_init(QCryptoBlock *block, size_t headerlen, void *opaque,
+                     Error **errp)
+{
+    XtCryptCreate *c = opaque;
+    int ret;
+
+    c->len = ROUND_UP(headerlen, BDRV_SECTOR_SIZE);
+    if (c->len > EXTREE_CRYPT_HEADER_MAX) {
+        error_setg(errp, "The LUKS header needs %zu bytes; extree allows at "
+                   "most %" PRIu64, headerlen,
+                   (uint64_t)EXTREE_CRYPT_HEADER_MAX);
+        return -1;
+    }
+    /*
+     * Key slots left unused must read as zeroes whatever the storage held
+     * before (a block device keeps its old contents)
+     */
+    ret = blk_co_pwrite_zeroes(c->blk, EXTREE_SB_AREA, c->len, 0);
+    if (ret < 0) {
+        error_setg_errno(errp, -ret, "Could not zero fill encryption header");
+        return -1;
+    }
+    return 0;
+}
+
+static int coroutine_fn
+xt_crypt_create_write(QCryptoBlock *block, size_t offset, const uint8_t *buf,
+                      size_t buflen, void *opaque, Error **errp)
+{
+    XtCryptCreate *c = opaque;
+    int ret;
+
+    if (offset > c->len || buflen > c->len - offset) {
+        error_setg(errp, "extree: LUKS header write past its end");
+        return -1;
+    }
+    ret = blk_co_pwrite(c->blk, EXTREE_SB_AREA + offset, buflen, buf, 0);
+    if (ret < 0) {
+        error_setg_errno(errp, -ret, "Could not write encryption header");
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * Write a new LUKS header at EXTREE_SB_AREA of @blk (before the
+ * superblocks are written: an image is never valid without its header);
+ * *@header_len: its length for ExtreeCreateParams
+ */
+int coroutine_fn
+xt_crypt_create(BlockBackend *blk, QCryptoBlockCreateOptions *opts,
+                uint64_t *header_len, Error **errp)
+{
+    XtCryptCreate c = { .blk = blk };
+    QCryptoBlock *crypto;
+
+    if (opts->format != QCRYPTO_BLOCK_FORMAT_LUKS) {
+        error_setg(errp, "Unsupported encryption format '%s' (extree "
+                   "supports 'luks')",
+                   QCryptoBlockFormat_str(opts->format));
+        return -EINVAL;
+    }
+    crypto = qcrypto_block_create(opts, "encrypt.", xt_crypt_create_init,
+                                  xt_crypt_create_write, &c, 0, errp);
+    if (!crypto) {
+        return -EINVAL;
+    }
+    qcrypto_block_free(crypto);
+    *header_len = c.len;
+    return 0;
+}
+
+/* Bytes an encrypted image needs for its header, for qemu-img measure */
+int xt_crypt_measure(QCryptoBlockCreateOptions *opts, uint64_t *header_len,
+                     Error **errp)
+{
+    size_t len;
+
+    if (opts->format != QCRYPTO_BLOCK_FORMAT_LUKS) {
+        error_setg(errp, "Unsupported encryption format '%s' (extree "
+                   "supports 'luks')",
+                   QCryptoBlockFormat_str(opts->format));
+        return -EINVAL;
+    }
+    if (!qcrypto_block_calculate_payload_offset(opts, "encrypt.", &len,
+                                                errp)) {
+        return -EINVAL;
+    }
+    *header_len = ROUND_UP(len, BDRV_SECTOR_SIZE);
+    return 0;
+}
+
+/* ---- Key slots (qemu-img amend, x-blockdev-amend) ---- */
+
+int GRAPH_RDLOCK
+xt_crypt_amend(BDRVExtreeState *s, QCryptoBlockAmendOptions *opts,
+               bool force, Error **errp)
+{
+    if (!s->crypto) {
+        error_setg(errp, "image is not encrypted, can't amend");
+        return -EOPNOTSUPP;
+    }
+    if (opts->format != QCRYPTO_BLOCK_FORMAT_LUKS) {
+        error_setg(errp, "Amend can't be used to change the extree "
+                   "encryption format");
+        return -EOPNOTSUPP;
+    }
+    if (s->core_read_only || s->inactive) {
+        error_setg(errp, "extree: the image is read-only");
+        return -EACCES;
+    }
+    return qcrypto_block_amend_options(s->crypto, xt_crypt_hdr_read,
+                                       xt_crypt_hdr_write, s, opts, force,
+                                       errp);
+}
+
+/* ---- Data ---- */
+
+typedef struct XtCryptTask {
+    QCryptoBlock *block;
+    uint64_t offset;
+    uint8_t *buf;
+    size_t len;
+    bool encrypt;
+} XtCryptTask;
+
+static int xt_crypt_pool_fn(void *opaque)
+{
+    XtCryptTask *t = opaque;
+
+    return t->encrypt ?
+        qcrypto_block_encrypt(t->block, t->offset, t->buf, t->len, NULL) :
+        qcrypto_block_decrypt(t->block, t->offset, t->buf, t->len, NULL);
+}
+
+/*
+ * En- or decrypt @buf in place: guest bytes [@guest, @guest + @len), both
+ * sector-aligned.  The cipher runs in the thread pool, off the AioContext.
+ */
+int coroutine_fn xt_crypt(BDRVExtreeState *s, bool encrypt, uint64_t guest,
+                          void *buf, size_t len)
+{
+    XtCryptTask t = {
+        .block = s->crypto,
+        .offset = guest,
+        .buf = buf,
+        .len = len,
+        .encrypt = encrypt,
+    };
+
+    assert(s->crypto);
+    assert(QEMU_IS_ALIGNED(guest | len, BDRV_SECTOR_SIZE));
+    if (!len) {
+        return 0;
+    }
+    return thread_pool_submit_co(xt_crypt_pool_fn, &t) < 0 ? -EIO : 0;
+}
+
+/*
+ * Read host [@host, + @bytes), which holds guest [@guest, + @bytes), into
+ * @qiov at @qiov_offset, decrypted.  Through a bounce buffer of at most
+ * XT_CRYPT_CHUNK bytes: the guest's buffer never holds ciphertext.
+ */
+int coroutine_fn GRAPH_RDLOCK
+xt_crypt_read(BDRVExtreeState *s, uint64_t host, uint64_t guest,
+              uint64_t bytes, QEMUIOVector *qiov, size_t qiov_offset)
+{
+    size_t chunk = MIN(bytes, XT_CRYPT_CHUNK);
+    uint8_t *buf = qemu_try_blockalign(s->bs->file->bs, chunk);
+    int ret = 0;
+
+    if (!buf) {
+        return -ENOMEM;
+    }
+    for (uint64_t o = 0; o < bytes && ret == 0; o += chunk) {
+        size_t n = MIN(chunk, bytes - o);
+
+        ret = bdrv_co_pread(s->bs->file, host + o, n, buf, 0);
+        if (ret == 0) {
+            ret = xt_crypt(s, false, guest + o, buf, n);
+        }
+        if (ret == 0) {
+            qemu_iovec_from_buf(qiov, qiov_offset + o, buf, n);
+        }
+    }
+    qemu_vfree(buf);
+    return ret;
+}
+
+/* The other way round: @qiov's plaintext encrypted to host @host */
+int coroutine_fn GRAPH_RDLOCK
+xt_crypt_write(BDRVExtreeState *s, uint64_t host, uint64_t guest,
+               uint64_t bytes, QEMUIOVector *qiov, size_t qiov_offset)
+{
+    size_t chunk = MIN(bytes, XT_CRYPT_CHUNK);
+    uint8_t *buf = qemu_try_blockalign(s->bs->file->bs, chunk);
+    int ret = 0;
+
+    if (!buf) {
+        return -ENOMEM;
+    }
+    for (uint64_t o = 0; o < bytes && ret == 0; o += chunk) {
+        size_t n = MIN(chunk, bytes - o);
+
+        if (qiov) {
+            qemu_iovec_to_buf(qiov, qiov_offset + o, buf, n);
+        } else {
+            memset(buf, 0, n);
+        }
+        ret = xt_crypt(s, true, guest + o, buf, n);
+        if (ret == 0) {
+            ret = bdrv_co_pwrite(s->bs->file, host + o, n, buf, 0);
+        }
+    }
+    qemu_vfree(buf);
+    return ret;
+}
