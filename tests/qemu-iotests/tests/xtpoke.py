@@ -18,6 +18,8 @@
 #   xtpoke.py IMAGE host-end N         host_end N in the newest one
 #   xtpoke.py IMAGE backing-junk       a non-zero byte after the backing
 #                                      file name in the newest one
+#   xtpoke.py IMAGE crypt-header-length N  crypt_header_length N in both
+#                                      superblocks (encrypted images)
 #   Images with snapshots (entry 0 of the snapshot table is "the snapshot"):
 #   xtpoke.py IMAGE snap-generation N  snap_generation N in both superblocks
 #   xtpoke.py IMAGE snap-root-drop     the snapshot's root loses its last
@@ -259,6 +261,12 @@ def main():
             img.rewrite_super(slot, lambda b: struct.pack_into('<Q', b, 200,
                                                                gen))
         print('both superblocks: snap_generation %d' % gen)
+    elif what == 'crypt-header-length':
+        n = int(sys.argv[3], 0)
+        for slot in img.slots:
+            img.rewrite_super(slot, lambda b: struct.pack_into('<Q', b, 224,
+                                                               n))
+        print('both superblocks: crypt_header_length %d' % n)
     elif what == 'snap-root-drop':
         off = img.snap_root(0)[0]
         b = bytearray(img.read(off, img.node_size))
