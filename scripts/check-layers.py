@@ -31,6 +31,7 @@ LAYERS = [
     'extree-snap',
     'extree-check',
     'extree-file',
+    'extree-crypt',
     'extree-io',
     'extree-snapshot',
     'extree',
