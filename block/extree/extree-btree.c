@@ -566,6 +566,62 @@ int extree_bt_leaves_with_bytes(Extree *t, ExtreeTree *tree,
     return ret;
 }
 
+static int read_all(Extree *t, ExtreeTree *tree, ExtreeNode *n,
+                    uint64_t end, GHashTable *seen)
+{
+    int nr = node_nritems(n);
+
+    if (node_level(n) == 0) {
+        return 0;
+    }
+    for (int i = 0; i < nr; i++) {
+        uint64_t child = ptr_get_child(n, i);
+        uint64_t kend = i + 1 < nr ? ptr_key(n, i + 1) : end;
+        ExtreeNode *c;
+        int ret;
+
+        if (g_hash_table_contains(seen, &child)) {
+            continue;
+        }
+        ret = get_child(t, tree, n, i, end, &c);
+        if (ret == 0) {
+            g_hash_table_add(seen, g_memdup2(&child, sizeof(child)));
+            ret = read_all(t, tree, c, kend, seen);
+            extree_node_unref(t, c);
+        }
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    return 0;
+}
+
+/*
+ * Read, and so validate, every node of @tree that is not in @seen (a set
+ * of uint64_t bytenrs, g_int64_hash, keys freed with it), and add it:
+ * under a node already seen the subtree is skipped, so trees that share
+ * most nodes (snapshots) cost what they do not share.  O(nodes).
+ */
+int extree_bt_read_all(Extree *t, ExtreeTree *tree, GHashTable *seen)
+{
+    ExtreeNodeExpect e;
+    ExtreeNode *root;
+    int ret;
+
+    if (g_hash_table_contains(seen, &tree->root)) {
+        return 0;
+    }
+    extree_tree_expect(t, tree, &e);
+    ret = extree_node_get(t, tree->root, &e, &root);
+    if (ret < 0) {
+        return ret;
+    }
+    g_hash_table_add(seen, g_memdup2(&tree->root, sizeof(tree->root)));
+    ret = read_all(t, tree, root, UINT64_MAX, seen);
+    extree_node_unref(t, root);
+    return ret;
+}
+
 /*
  * Read-only path to the leaf slot of the first item with key >= @key
  * (possibly one past the leaf's last item): one descent

@@ -35,6 +35,47 @@ static bool range_ok(Extree *t, uint64_t guest, uint64_t bytes)
            guest < EXTREE_VMSTATE_END && bytes <= EXTREE_VMSTATE_END - guest;
 }
 
+/*
+ * Before the first update of a handle: read every tree (the live extent
+ * tree, the free-space and reference count trees, every snapshot's), so
+ * that a node of the opened state that points at or past that state's
+ * host_end is found (extree-node.c, host_limit()) before any space past
+ * host_end is handed out.  A superblock whose host_end was lowered below
+ * blocks still in use would otherwise let new data overwrite them, and
+ * the nodes that use them would pass their checks once host_end had grown
+ * past (tests/fuzz/fixed/host-end-lowered-vmstate).  Once per handle,
+ * O(nodes), shared subtrees read once.
+ */
+int extree_probe_end(Extree *t)
+{
+    uint32_t last = extree_has_refs(t) ? EXTREE_TREE_REFS : EXTREE_TREE_FREE;
+    GHashTable *seen;
+    int ret = 0;
+
+    if (t->end_probed) {
+        return 0;
+    }
+    seen = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
+    for (uint32_t o = EXTREE_TREE_EXTENT; o <= last && ret == 0; o++) {
+        ret = extree_bt_read_all(t, &t->trees[o], seen);
+    }
+    for (unsigned i = 0; ret == 0 && t->snaps && i < t->snaps->len; i++) {
+        ExtreeTree tree;
+
+        extree_snap_tree(t, &g_array_index(t->snaps, ExtreeSnap, i), &tree);
+        ret = extree_bt_read_all(t, &tree, seen);
+    }
+    g_hash_table_destroy(seen);
+    /*
+     * Like a read error half-way through an update: the handle takes no
+     * update any more (it changed nothing, but what it could not read may
+     * be anything)
+     */
+    t->end_probed = ret == 0;
+    t->broken |= ret < 0;
+    return ret;
+}
+
 static int check_update(Extree *t, uint64_t guest, uint64_t bytes)
 {
     int ret = extree_check_writable(t);
@@ -42,7 +83,10 @@ static int check_update(Extree *t, uint64_t guest, uint64_t bytes)
     if (ret < 0) {
         return ret;
     }
-    return range_ok(t, guest, bytes) ? 0 : -EINVAL;
+    if (!range_ok(t, guest, bytes)) {
+        return -EINVAL;
+    }
+    return extree_probe_end(t);
 }
 
 /* What a range replace of the extent tree puts in place */

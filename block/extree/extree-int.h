@@ -523,6 +523,22 @@ struct Extree {
      * host_end of the last committed state: nodes read from disk lie below it
      */
     uint64_t sb_host_end;
+    /*
+     * The state the handle was opened from or rolled back to: a node of
+     * generation @base_gen or older was reachable from it, so everything
+     * it points to lies below @base_host_end however far host_end has
+     * grown since.  A superblock with host_end lowered below blocks that
+     * only unread nodes use (a snapshot's) would otherwise let new space
+     * overwrite them and the old nodes pass once host_end has grown past
+     * (spec: Readers, Validation).
+     */
+    uint64_t base_gen, base_host_end;
+    /*
+     * Every tree of the handle has been read since open and nothing
+     * reaches past base_host_end (extree_probe_end()): the space past
+     * host_end may be handed out
+     */
+    bool end_probed;
     uint64_t generation;        /* last committed superblock */
     /* generation + 1: nodes of this transaction carry it and are writable */
     uint64_t trans_gen;
@@ -807,6 +823,9 @@ int extree_bt_leaves_with_bytes(Extree *t, ExtreeTree *tree,
 int extree_bt_next_leaf_covered(Extree *t, ExtreeTree *tree, ExtreePath *p,
                                 uint64_t *end, uint64_t limit);
 void extree_tree_expect(Extree *t, ExtreeTree *tree, ExtreeNodeExpect *e);
+int extree_bt_read_all(Extree *t, ExtreeTree *tree, GHashTable *seen);
+/* extree-extent.c: before the first update, every tree read */
+int extree_probe_end(Extree *t);
 int extree_bt_drop(Extree *t, ExtreeTree *tree, ExtreeRemovedFn *removed,
                    void *opaque, ExtreeDropGuard *guard);
 int extree_bt_new_root(Extree *t, ExtreeTree *tree);

@@ -421,9 +421,20 @@ int extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
 
 /* ---- validation ---- */
 
+/*
+ * The end of the host space a node of generation @gen may point into: the
+ * last commit's host_end, or for a node as old as the state the handle
+ * started from, that state's (struct Extree: base_host_end)
+ */
+static uint64_t host_limit(const Extree *t, uint64_t gen)
+{
+    return gen <= t->base_gen ? MIN(t->base_host_end, t->sb_host_end)
+                              : t->sb_host_end;
+}
+
 static int leaf_item_check(Extree *t, const ExtreeNodeExpect *e,
                            const ExtreeItem *it, uint32_t flags, int i,
-                           char **why)
+                           uint64_t he, char **why)
 {
     uint32_t owner = e->owner;
     uint64_t bs = t->block_size;
@@ -483,13 +494,13 @@ static int leaf_item_check(Extree *t, const ExtreeNodeExpect *e,
             return -EIO;
         }
         if (!EXTREE_IS_ALIGNED(it->key, bs) || it->key < t->data_start ||
-            it->key >= t->sb_host_end ||
-            it->length > t->sb_host_end - it->key) {
+            it->key >= he ||
+            it->length > he - it->key) {
             *why = g_strdup_printf("bad host range at slot %d, have [0x%"
                                    PRIx64 ", +0x%" PRIx64 ") expect inside "
                                    "[0x%" PRIx64 ", 0x%" PRIx64 ")", i,
                                    it->key, it->length, t->data_start,
-                                   t->sb_host_end);
+                                   he);
             return -EIO;
         }
         return 0;
@@ -509,12 +520,12 @@ static int leaf_item_check(Extree *t, const ExtreeNodeExpect *e,
     }
     /* DATA and FREE: a host range inside the data area */
     if (!EXTREE_IS_ALIGNED(it->host, bs) || it->host < t->data_start ||
-        it->host >= t->sb_host_end ||
-        it->length > t->sb_host_end - it->host) {
+        it->host >= he ||
+        it->length > he - it->host) {
         *why = g_strdup_printf("bad host range at slot %d, have [0x%" PRIx64
                                ", +0x%" PRIx64 ") expect inside [0x%" PRIx64
                                ", 0x%" PRIx64 ")", i, it->host, it->length,
-                               t->data_start, t->sb_host_end);
+                               t->data_start, he);
         return -EIO;
     }
     return 0;
@@ -527,12 +538,13 @@ static int leaf_item_check(Extree *t, const ExtreeNodeExpect *e,
  * reads); the loop then says what is wrong with one that fails.
  */
 static bool extent_leaf_ok(Extree *t, const uint8_t *buf, uint32_t nr,
-                           const ExtreeNodeExpect *e, uint64_t *sum)
+                           const ExtreeNodeExpect *e, uint64_t he,
+                           uint64_t *sum)
 {
     uint64_t key_end = e->key_end, data_end = e->data_end;
     uint64_t mask = t->block_size - 1;
     uint64_t vend = extree_key_limit(t);
-    uint64_t ds = t->data_start, he = t->sb_host_end;
+    uint64_t ds = t->data_start;
     const uint8_t *p = buf + EXTREE_NODE_HEADER_SIZE;
     uint64_t prev_end = 0, bad = 0, total = 0;
 
@@ -610,6 +622,7 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
     uint32_t cap = level ? EXTREE_INTERIOR_CAPACITY(t->node_size)
                          : EXTREE_LEAF_CAPACITY(t->node_size);
     ExtreeNode fake = { .buf = (uint8_t *)buf };
+    uint64_t he = host_limit(t, gen);
     uint64_t prev_end = 0, sum = 0;
 
     *why = NULL;
@@ -659,7 +672,7 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
         return -EIO;
     }
     if (!level && owner == EXTREE_TREE_EXTENT &&
-        extent_leaf_ok(t, buf, nr, e, &sum)) {
+        extent_leaf_ok(t, buf, nr, e, he, &sum)) {
         return check_subtree_bytes(e, sum, why);
     }
     for (uint32_t i = 0; i < nr; i++) {
@@ -688,8 +701,8 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
             }
             prev_end = kp.key;
             if (!EXTREE_IS_ALIGNED(kp.child, t->block_size) ||
-                kp.child < t->data_start || kp.child >= t->sb_host_end ||
-                t->sb_host_end - kp.child < t->node_size) {
+                kp.child < t->data_start || kp.child >= he ||
+                he - kp.child < t->node_size) {
                 *why = g_strdup_printf("bad child pointer at slot %u, have "
                                        "0x%" PRIx64, i, kp.child);
                 return -EIO;
@@ -706,7 +719,7 @@ int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
             int ret;
 
             leaf_get(&fake, i, &it);
-            ret = leaf_item_check(t, e, &it, flags, i, why);
+            ret = leaf_item_check(t, e, &it, flags, i, he, why);
             if (ret < 0) {
                 return ret;
             }

@@ -114,6 +114,9 @@ static int begin(Extree *t, unsigned index)
     }
     ret = extree_check_writable(t);
     if (ret == 0) {
+        ret = extree_probe_end(t);
+    }
+    if (ret == 0) {
         ret = extree_commit(t);
     }
     return ret;
@@ -518,6 +521,9 @@ int extree_vmstate_write(Extree *t, uint64_t pos, const void *buf,
 
     if (ret == 0) {
         ret = vmstate_range(t, pos, bytes);
+    }
+    if (ret == 0) {
+        ret = extree_probe_end(t);
     }
     if (ret == 0) {
         ret = enable_snapshots(t);

@@ -331,6 +331,8 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
 
     t->virtual_size = sb->virtual_size;
     t->host_end = t->sb_host_end = sb->host_end;
+    t->base_host_end = sb->host_end;
+    t->base_gen = sb->generation;
     t->generation = sb->generation;
     t->trans_gen = t->generation + 1;
     t->incompat = sb->incompat;
@@ -964,6 +966,9 @@ int extree_set_virtual_size(Extree *t, uint64_t size)
 
     int ret = extree_check_writable(t);
 
+    if (ret == 0) {
+        ret = extree_probe_end(t);
+    }
     if (ret < 0) {
         return ret;
     }
