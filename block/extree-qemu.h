@@ -188,8 +188,14 @@ typedef struct BDRVExtreeState {
     uint64_t crypt_hdr_len;
 } BDRVExtreeState;
 
-/* Bounce buffers of encrypted I/O are at most this large */
-#define XT_CRYPT_CHUNK      (1024 * 1024)
+/*
+ * Encrypted I/O larger than a piece goes in pieces (each with its own
+ * bounce buffer), this many at a time
+ */
+#define XT_CRYPT_PIECE      (256 * 1024)
+#define XT_CRYPT_WORKERS    4
+/* Buffers this small are en- or decrypted in the coroutine */
+#define XT_CRYPT_INLINE     (16 * 1024)
 
 /* ---- extree-file.c ---- */
 
