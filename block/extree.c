@@ -1100,6 +1100,17 @@ finish:
 
 /* ---- Measure ---- */
 
+/* The "encrypt." options of @opts, prefix removed, format luks */
+static QDict *xt_crypt_opts(QemuOpts *opts)
+{
+    QDict *all = qemu_opts_to_qdict(opts, NULL), *cryptoopts;
+
+    qdict_extract_subqdict(all, &cryptoopts, "encrypt.");
+    qobject_unref(all);
+    qdict_put_str(cryptoopts, "format", "luks");
+    return cryptoopts;
+}
+
 static BlockMeasureInfo *extree_measure(QemuOpts *opts, BlockDriverState *in_bs,
                                         Error **errp)
 {
@@ -1150,12 +1161,9 @@ static BlockMeasureInfo *extree_measure(QemuOpts *opts, BlockDriverState *in_bs,
         return NULL;
     } else if (optstr) {
         g_autoptr(QCryptoBlockCreateOptions) copts = NULL;
-        QDict *all = qemu_opts_to_qdict(opts, NULL), *cryptoopts;
+        QDict *cryptoopts = xt_crypt_opts(opts);
         uint64_t hlen;
 
-        qdict_extract_subqdict(all, &cryptoopts, "encrypt.");
-        qobject_unref(all);
-        qdict_put_str(cryptoopts, "format", "luks");
         copts = block_crypto_create_opts_init(cryptoopts, errp);
         qobject_unref(cryptoopts);
         if (!copts || xt_crypt_measure(copts, &hlen, errp) < 0) {
@@ -1287,11 +1295,8 @@ extree_amend_options(BlockDriverState *bs, QemuOpts *opts,
 
     if (encryption_update) {
         g_autoptr(QCryptoBlockAmendOptions) amend = NULL;
-        QDict *all = qemu_opts_to_qdict(opts, NULL), *cryptoopts;
+        QDict *cryptoopts = xt_crypt_opts(opts);
 
-        qdict_extract_subqdict(all, &cryptoopts, "encrypt.");
-        qobject_unref(all);
-        qdict_put_str(cryptoopts, "format", "luks");
         amend = block_crypto_amend_opts_init(cryptoopts, errp);
         qobject_unref(cryptoopts);
         if (!amend) {
