@@ -14,8 +14,8 @@ secs=${1:-20}
 bld=$top/build/tsan
 dir=$(mktemp -d)
 cleanup() {
-    kill -9 $(jobs -p) 2>/dev/null
-    wait 2>/dev/null
+    kill -9 $(jobs -p) 2>/dev/null || true
+    wait 2>/dev/null || true
     if ls "$dir"/tsan* >/dev/null 2>&1; then
         cat "$dir"/tsan*
         echo "nbdkit-tsan: ThreadSanitizer reported the above"
