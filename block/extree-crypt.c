@@ -29,6 +29,19 @@
 
 /* ---- The header, at [crypt_hdr_offset, + crypt_hdr_len) ---- */
 
+/* The crypto layer's header I/O stays inside the header (its lengths) */
+static bool xt_crypt_hdr_inside(BDRVExtreeState *s, const char *what,
+                                size_t offset, size_t buflen, Error **errp)
+{
+    if (offset > s->crypt_hdr_len || buflen > s->crypt_hdr_len - offset) {
+        error_setg(errp, "extree: LUKS header %s at %zu+%zu is past the "
+                   "end of the encryption header (%" PRIu64 " bytes)",
+                   what, offset, buflen, s->crypt_hdr_len);
+        return false;
+    }
+    return true;
+}
+
 static int GRAPH_RDLOCK
 xt_crypt_hdr_read(QCryptoBlock *block, size_t offset, uint8_t *buf,
                   size_t buflen, void *opaque, Error **errp)
@@ -36,10 +49,7 @@ xt_crypt_hdr_read(QCryptoBlock *block, size_t offset, uint8_t *buf,
     BDRVExtreeState *s = opaque;
     int ret;
 
-    if (offset > s->crypt_hdr_len || buflen > s->crypt_hdr_len - offset) {
-        error_setg(errp, "extree: LUKS header read at %zu+%zu is past the "
-                   "end of the encryption header (%" PRIu64 " bytes)",
-                   offset, buflen, s->crypt_hdr_len);
+    if (!xt_crypt_hdr_inside(s, "read", offset, buflen, errp)) {
         return -1;
     }
     ret = bdrv_pread(s->bs->file, s->crypt_hdr_offset + offset, buflen, buf,
@@ -58,10 +68,7 @@ xt_crypt_hdr_write(QCryptoBlock *block, size_t offset, const uint8_t *buf,
     BDRVExtreeState *s = opaque;
     int ret;
 
-    if (offset > s->crypt_hdr_len || buflen > s->crypt_hdr_len - offset) {
-        error_setg(errp, "extree: LUKS header write at %zu+%zu is past the "
-                   "end of the encryption header (%" PRIu64 " bytes)",
-                   offset, buflen, s->crypt_hdr_len);
+    if (!xt_crypt_hdr_inside(s, "write", offset, buflen, errp)) {
         return -1;
     }
     ret = bdrv_pwrite(s->bs->file, s->crypt_hdr_offset + offset, buflen, buf,
