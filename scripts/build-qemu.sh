@@ -96,7 +96,7 @@ say "QEMU $qver (Debian $debver) in $src"
 # With the network block drivers extree is tested over (iSCSI, Ceph RBD)
 cfg_args=(--target-list=x86_64-softmmu --disable-docs --disable-user --enable-tools
           --enable-kvm --disable-download --disable-install-blobs --disable-werror
-          --enable-libiscsi --enable-rbd
+          --enable-libiscsi --enable-rbd --enable-zstd
           --python=/usr/bin/python3)
 need_cfg=1
 if [ -f "$blddir/build.ninja" ] && [ -f "$blddir/.extree-configured" ] &&

@@ -18,7 +18,7 @@ import sys
 
 # Bottom first.  One entry per layer; a tuple holds files of one layer.
 LAYERS = [
-    'extree-crc32c',
+    ('extree-crc32c', 'extree-compress'),
     'extree-node',
     'extree-rangeset',
     ('extree-alloc', 'extree-btree'),

@@ -104,7 +104,7 @@ fi
 pkgs=(
     build-essential pkg-config ccache ninja-build flex bison dpkg-dev
     python3 python3-venv python3-pycotap
-    libglib2.0-dev libpixman-1-dev zlib1g-dev libaio-dev liburing-dev
+    libglib2.0-dev libpixman-1-dev zlib1g-dev libzstd-dev libaio-dev liburing-dev
     libslirp-dev libfdt-dev libcap-ng-dev libattr1-dev
     seabios ipxe-qemu
     socat file bc xz-utils e2fsprogs

@@ -1044,7 +1044,7 @@ static void encode_item(uint8_t *raw, const ExtreeItem *it)
     ext_st64(raw + EXT_IT_LEN, it->length);
     ext_st64(raw + EXT_IT_HOST, it->host);
     ext_st32(raw + EXT_IT_TYPE, it->type);
-    ext_st32(raw + EXT_IT_FLAGS, 0);
+    ext_st32(raw + EXT_IT_FLAGS, it->flags);
 }
 
 /* Write path to the item with key @key exactly */

@@ -345,6 +345,13 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
                 if (it.type == EXTREE_ITEM_DATA) {
                     c->res->data_bytes += it.length;
                     claim(c, it.host, it.length, it.key, CLAIM_DATA);
+                } else if (it.type == EXTREE_ITEM_COMPRESSED) {
+                    /* the payload's blocks, once per item (never split) */
+                    c->res->data_bytes += it.length;
+                    c->res->compressed_bytes += it.length;
+                    claim(c, it.host,
+                          extree_item_host_bytes(&it, t->block_size),
+                          it.key, CLAIM_DATA);
                 }
             } else if (owner == EXTREE_TREE_REFS) {
                 g_array_append_val(c->refs_found, it);

@@ -97,6 +97,7 @@ typedef struct ReleaseCtx {
 
 static int snapshots_use(Extree *t, uint64_t guest, uint64_t bytes,
                          uint64_t host);
+static int leaf_first_ending_after(const ExtreeNode *leaf, uint64_t pos);
 
 static int drop_data(Extree *t, uint64_t start, uint64_t len)
 {
@@ -122,6 +123,49 @@ static int drop_live_data(Extree *t, uint64_t guest, uint64_t host,
 }
 
 /*
+ * The live tree lets go of COMPRESSED item @it, whole (never split): its
+ * payload loses a reference.  A snapshot that maps the same payload at the
+ * same guest offset needs a count of 2 or more on it, as for DATA.
+ */
+static int drop_live_compressed(Extree *t, const ExtreeItem *it)
+{
+    uint64_t hbytes = extree_item_host_bytes(it, t->block_size);
+
+    for (unsigned i = 0; t->snaps && i < t->snaps->len; i++) {
+        const ExtreeSnap *sn = &g_array_index(t->snaps, ExtreeSnap, i);
+        ExtreeTree tree;
+        ExtreeProbe pr = { .tree = &tree };
+        ExtreeNode *leaf;
+        ExtreeItem x = { 0 };
+        int ret, slot;
+
+        if (extree_refs_all_shared(t, it->host, hbytes)) {
+            break;
+        }
+        extree_snap_tree(t, sn, &tree);
+        ret = extree_bt_probe(t, &pr, it->key, 0, &leaf);
+        if (ret == 0) {
+            slot = leaf_first_ending_after(leaf, it->key);
+            if (slot < (int)node_nritems(leaf)) {
+                leaf_get(leaf, slot, &x);
+            }
+        }
+        extree_probe_release(t, &pr);
+        if (ret < 0) {
+            return ret;
+        }
+        if (x.key == it->key && x.type == EXTREE_ITEM_COMPRESSED &&
+            x.host == it->host) {
+            return extree_corrupt(t, it->host, "corrupt reference count "
+                                  "tree: compressed payload at offset 0x%"
+                                  PRIx64 " has 1 reference, snapshot '%s' "
+                                  "maps it too", it->host, sn->id);
+        }
+    }
+    return drop_data(t, it->host, hbytes);
+}
+
+/*
  * A piece of an extent left the tree: its DATA space loses its reference,
  * except what the new item re-uses (re-mapping in place)
  */
@@ -132,6 +176,9 @@ static int release_space(void *opaque, const ExtreeItem *old)
     uint64_t hs, he, ks, ke;
     int ret = 0;
 
+    if (old->type == EXTREE_ITEM_COMPRESSED) {
+        return drop_live_compressed(rc->t, old);
+    }
     if (old->type != EXTREE_ITEM_DATA) {
         return 0;
     }
@@ -215,6 +262,55 @@ static int zero_already(Extree *t, uint64_t pos, uint64_t end, bool *yes)
  * DATA is mapped in one piece: the caller allocated it for the whole
  * range.
  */
+/* May @it (DATA or COMPRESSED) be mapped: its host space allocated? */
+static bool host_space_ok(Extree *t, const ExtreeItem *it)
+{
+    uint64_t hbytes = extree_item_host_bytes(it, t->block_size);
+
+    if (it->type == EXTREE_ITEM_COMPRESSED &&
+        (it->length > EXTREE_COMPRESSED_MAX ||
+         !extree_compressed_len(it) ||
+         extree_compressed_len(it) > it->length ||
+         (extree_compressed_alg(it) != EXTREE_COMPRESS_ZLIB &&
+          extree_compressed_alg(it) != EXTREE_COMPRESS_ZSTD))) {
+        return false;
+    }
+    return EXTREE_IS_ALIGNED(it->host, t->block_size) &&
+           it->host >= t->data_start && it->host < t->host_end &&
+           hbytes <= t->host_end - it->host &&
+           !extree_alloc_is_free(t, it->host, hbytes);
+}
+
+/*
+ * COMPRESSED items are never split (spec: Compressed extents): an update
+ * must cover each one it touches whole.  -EINVAL when one reaches across
+ * @guest or @guest + @bytes: the caller rewrites it uncompressed first.
+ * Two searches, only in images with the compressed bit.
+ */
+static int compressed_edges_ok(Extree *t, uint64_t guest, uint64_t bytes)
+{
+    ExtreeTree *et = &t->trees[EXTREE_TREE_EXTENT];
+    uint64_t at[2] = { guest, guest + bytes };
+
+    if (!(t->incompat & EXTREE_INCOMPAT_COMPRESSED)) {
+        return 0;
+    }
+    for (int i = 0; i < 2; i++) {
+        ExtreeItem prev, next;
+        bool hp, hn;
+        int ret = extree_bt_find(t, et, at[i], &prev, &hp, &next, &hn);
+
+        if (ret < 0) {
+            return ret;
+        }
+        if (hp && prev.type == EXTREE_ITEM_COMPRESSED &&
+            prev.key + prev.length > at[i]) {
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
 int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
                          uint64_t bytes)
 {
@@ -222,20 +318,22 @@ int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
     uint64_t pos = guest, end = guest + bytes;
     int ret = check_update(t, guest, bytes);
 
+    if (ret == 0) {
+        ret = compressed_edges_ok(t, guest, bytes);
+    }
     if (ret < 0) {
         return ret;
     }
-    if (it->type == EXTREE_ITEM_DATA &&
-        (!EXTREE_IS_ALIGNED(it->host, t->block_size) ||
-         it->host < t->data_start || it->host >= t->host_end ||
-         bytes > t->host_end - it->host ||
-         extree_alloc_is_free(t, it->host, bytes))) {
+    if ((it->type == EXTREE_ITEM_DATA ||
+         it->type == EXTREE_ITEM_COMPRESSED) &&
+        (!host_space_ok(t, it) || it->length != bytes)) {
         return -EINVAL;
     }
     if (!extree_alloc_update_fits(t)) {
         return -ENOSPC;
     }
-    if (it->type == EXTREE_ITEM_DATA || !t->space.host_limit) {
+    if (it->type == EXTREE_ITEM_DATA || it->type == EXTREE_ITEM_COMPRESSED ||
+        !t->space.host_limit) {
         return replace(t, it, guest, bytes);
     }
     while (pos < end) {
@@ -264,24 +362,73 @@ int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
     return 0;
 }
 
-/* A shared leaf was copied: its DATA gains the copy's reference */
+/*
+ * Replace guest [guest, + sum of @len) by DATA pieces: @n pieces of @len[i]
+ * bytes at host @host[i], in guest order.  For a rewrite of COMPRESSED
+ * items whose new space came in pieces: the range is emptied and the
+ * pieces mapped in one update, so no state between is ever committed (a
+ * failure half-way leaves the handle refusing updates, as any update's).
+ */
+int extree_extent_map_pieces(Extree *t, uint64_t guest, const uint64_t *host,
+                             const uint64_t *len, unsigned n)
+{
+    ExtreeItem none = { 0 };
+    uint64_t bytes = 0, pos = guest;
+    int ret;
+
+    for (unsigned i = 0; i < n; i++) {
+        ExtreeItem it = { pos, len[i], host[i], EXTREE_ITEM_DATA };
+
+        if (!len[i] || !host_space_ok(t, &it)) {
+            return -EINVAL;
+        }
+        bytes += len[i];
+        pos += len[i];
+    }
+    ret = check_update(t, guest, bytes);
+    if (ret == 0) {
+        ret = compressed_edges_ok(t, guest, bytes);
+    }
+    if (ret < 0) {
+        return ret;
+    }
+    if (!n) {
+        return -EINVAL;
+    }
+    if (!extree_alloc_update_fits(t)) {
+        return -ENOSPC;
+    }
+    ret = replace(t, &none, guest, bytes);
+    for (unsigned i = 0; i < n && ret == 0; i++) {
+        ExtreeItem it = { guest, len[i], host[i], EXTREE_ITEM_DATA };
+
+        ret = replace(t, &it, guest, len[i]);
+        guest += len[i];
+    }
+    return ret;
+}
+
+/* A shared leaf was copied: its DATA (or payload) gains the copy's */
 int extree_extent_share(Extree *t, const ExtreeItem *it)
 {
-    if (it->type != EXTREE_ITEM_DATA) {
+    uint64_t hbytes = extree_item_host_bytes(it, t->block_size);
+
+    if (!hbytes) {
         return 0;
     }
-    return t->sm.ops->inc_ref(t->sm.opaque, it->host, it->length);
+    return t->sm.ops->inc_ref(t->sm.opaque, it->host, hbytes);
 }
 
 /* An item of a leaf that a dropped tree freed: its DATA loses one */
 int extree_extent_release(void *opaque, const ExtreeItem *it)
 {
     Extree *t = opaque;
+    uint64_t hbytes = extree_item_host_bytes(it, t->block_size);
 
-    if (it->type != EXTREE_ITEM_DATA) {
+    if (!hbytes) {
         return 0;
     }
-    return drop_data(t, it->host, it->length);
+    return drop_data(t, it->host, hbytes);
 }
 
 /* The first item of @leaf that ends after @pos */
@@ -403,9 +550,15 @@ int extree_probe_leaf_shared(Extree *t, ExtreeProbe *pr,
                     b.type == EXTREE_ITEM_DATA &&
                     a.host + b.key == b.host + a.key) {
                     ret = fn(opaque, a.host + (g0 - a.key), g1 - g0);
-                    if (ret < 0) {
-                        return ret;
-                    }
+                } else if (a.type == EXTREE_ITEM_COMPRESSED &&
+                           b.type == EXTREE_ITEM_COMPRESSED &&
+                           a.key == b.key && a.host == b.host) {
+                    /* the same payload (a compressed item is whole) */
+                    ret = fn(opaque, a.host,
+                             extree_item_host_bytes(&a, t->block_size));
+                }
+                if (ret < 0) {
+                    return ret;
                 }
                 if (a.key + a.length <= b.key + b.length) {
                     i++;
@@ -716,7 +869,32 @@ static bool run_joins(int coalesce, const ExtreeItem *cur, const ExtreeItem *nx)
     if (coalesce == EXTREE_COALESCE_ALLOC) {
         return true;
     }
+    if (coalesce == EXTREE_COALESCE_STATUS &&
+        cur->type == EXTREE_ITEM_COMPRESSED &&
+        nx->type == EXTREE_ITEM_COMPRESSED) {
+        return true;
+    }
     return extree_items_mergeable(cur, nx);
+}
+
+/* The run's type and host at @guest inside item @it */
+static inline void run_from_item(ExtreeRun *run, const ExtreeItem *it,
+                                 uint64_t guest)
+{
+    if (it->type == EXTREE_ITEM_DATA) {
+        run->type = EXTREE_RUN_DATA;
+        run->host = it->host + (guest - it->key);
+    } else if (it->type == EXTREE_ITEM_COMPRESSED) {
+        run->type = EXTREE_RUN_COMPRESSED;
+        run->host = it->host;
+        run->ext_guest = it->key;
+        run->ext_length = it->length;
+        run->payload_len = extree_compressed_len(it);
+        run->alg = extree_compressed_alg(it);
+    } else {
+        run->type = EXTREE_RUN_ZERO;
+        run->host = 0;
+    }
 }
 
 /*
@@ -749,11 +927,7 @@ cursor_query_slow(ExtreeCursor *c, uint64_t guest, uint64_t limit,
         end = slot >= nr ? limit : MIN(leaf_key(n, slot), limit);
     } else {
         leaf_get(n, slot, &cur);
-        run->type = cur.type == EXTREE_ITEM_DATA ? EXTREE_RUN_DATA
-                                                  : EXTREE_RUN_ZERO;
-        if (cur.type == EXTREE_ITEM_DATA) {
-            run->host = cur.host + (guest - cur.key);
-        }
+        run_from_item(run, &cur, guest);
         end = cur.key + cur.length;
         while (end < limit) {
             ExtreeItem nx;
@@ -850,13 +1024,7 @@ static inline int cursor_query_fast(ExtreeCursor *c, uint64_t guest,
         } else {
             return -EAGAIN;
         }
-        if (it.type == EXTREE_ITEM_DATA) {
-            run->type = EXTREE_RUN_DATA;
-            run->host = it.host + (guest - it.key);
-        } else {
-            run->type = EXTREE_RUN_ZERO;
-            run->host = 0;
-        }
+        run_from_item(run, &it, guest);
         c->path.slots[0] = slot;
     }
     run->guest = guest;

@@ -69,6 +69,7 @@ uint32_t extree_crc32c_software(uint32_t crc, const void *buf, size_t len);
 typedef struct ExtreeItem {
     uint64_t key, length, host;
     uint32_t type;              /* EXTREE_ITEM_*, 0 = none (punch) */
+    uint32_t flags;             /* COMPRESSED: payload length, algorithm */
 } ExtreeItem;
 
 typedef struct ExtreeKeyPtr {
@@ -163,6 +164,7 @@ static inline void leaf_get(const ExtreeNode *n, int i, ExtreeItem *it)
     it->length = ext_ld64(p + EXT_IT_LEN);
     it->host = ext_ld64(p + EXT_IT_HOST);
     it->type = ext_ld32(p + EXT_IT_TYPE);
+    it->flags = ext_ld32(p + EXT_IT_FLAGS);
 }
 static inline void leaf_set(ExtreeNode *n, int i, const ExtreeItem *it)
 {
@@ -171,7 +173,7 @@ static inline void leaf_set(ExtreeNode *n, int i, const ExtreeItem *it)
     ext_st64(p + EXT_IT_LEN, it->length);
     ext_st64(p + EXT_IT_HOST, it->host);
     ext_st32(p + EXT_IT_TYPE, it->type);
-    ext_st32(p + EXT_IT_FLAGS, 0);
+    ext_st32(p + EXT_IT_FLAGS, it->flags);
 }
 static inline uint64_t ptr_key(const ExtreeNode *n, int i)
 {
@@ -317,6 +319,8 @@ static inline bool extree_items_mergeable(const ExtreeItem *a,
         return true;
     case EXTREE_ITEM_REFS:
         return a->host == b->host;      /* the same count */
+    case EXTREE_ITEM_COMPRESSED:
+        return false;                   /* one payload each */
     default:
         return a->host + a->length == b->host;
     }
@@ -331,9 +335,38 @@ static inline uint64_t extree_item_host_at(const ExtreeItem *it, uint64_t key)
     switch (it->type) {
     case EXTREE_ITEM_ZERO:
     case EXTREE_ITEM_REFS:
+    case EXTREE_ITEM_COMPRESSED:        /* never split (the payload's) */
         return it->host;
     default:
         return it->host + (key - it->key);
+    }
+}
+
+static inline uint32_t extree_compressed_len(const ExtreeItem *it)
+{
+    return it->flags & EXTREE_COMPRESSED_LEN_MASK;
+}
+
+static inline uint32_t extree_compressed_alg(const ExtreeItem *it)
+{
+    return it->flags >> EXTREE_COMPRESSED_ALG_SHIFT;
+}
+
+/*
+ * The host space an extent-tree item holds: DATA its length, COMPRESSED
+ * its payload rounded up to blocks, ZERO none
+ */
+static inline uint64_t extree_item_host_bytes(const ExtreeItem *it,
+                                              uint32_t block_size)
+{
+    switch (it->type) {
+    case EXTREE_ITEM_DATA:
+        return it->length;
+    case EXTREE_ITEM_COMPRESSED:
+        return EXTREE_ROUND_UP((uint64_t)extree_compressed_len(it),
+                               block_size);
+    default:
+        return 0;
     }
 }
 
@@ -550,6 +583,8 @@ struct Extree {
      */
     uint32_t crypt_method;
     uint64_t crypt_header_offset, crypt_header_length;
+    /* EXTREE_COMPRESS_*: what the caller compresses new extents with */
+    uint32_t compression_type;
     char *backing_file, *backing_fmt;
     bool super_dirty;
 
@@ -900,6 +935,8 @@ void extree_sm_commit_done(ExtreeSpace *sp, GArray *freed);
 int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
                          uint64_t bytes);
 int extree_extent_share(Extree *t, const ExtreeItem *it);
+int extree_extent_map_pieces(Extree *t, uint64_t guest, const uint64_t *host,
+                             const uint64_t *len, unsigned n);
 int extree_extent_node_unshared(Extree *t, ExtreeNode *n);
 int extree_extent_release(void *opaque, const ExtreeItem *it);
 int extree_probe_same_data(Extree *t, ExtreeProbe *pr, uint64_t guest,
@@ -929,6 +966,7 @@ typedef struct ExtreeSuper {
     /* with EXTREE_INCOMPAT_ENCRYPTED; 0 without */
     uint32_t crypt_method;
     uint64_t crypt_header_offset, crypt_header_length;
+    uint32_t compression_type;
     char backing_file[EXTREE_BACKING_FILE_MAX + 1];
     char backing_fmt[EXTREE_BACKING_FMT_MAX + 1];
 } ExtreeSuper;

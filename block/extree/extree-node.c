@@ -432,6 +432,60 @@ static uint64_t host_limit(const Extree *t, uint64_t gen)
                               : t->sb_host_end;
 }
 
+/*
+ * A COMPRESSED item (key, length and tree bounds checked already): only
+ * with the compressed bit, a known algorithm, a payload of 1 byte up to
+ * the item's length (at most EXTREE_COMPRESSED_MAX: a reader's memory
+ * bound), whose blocks lie inside the data area
+ */
+static int compressed_item_check(Extree *t, const ExtreeItem *it, int i,
+                                 uint64_t he, char **why)
+{
+    uint32_t clen = extree_compressed_len(it);
+    uint32_t alg = extree_compressed_alg(it);
+    uint64_t hbytes = extree_item_host_bytes(it, t->block_size);
+
+    if (!(t->incompat & EXTREE_INCOMPAT_COMPRESSED)) {
+        *why = g_strdup_printf("compressed item at slot %d without the "
+                               "compressed feature", i);
+        return -EIO;
+    }
+    if (t->incompat & EXTREE_INCOMPAT_ENCRYPTED) {
+        *why = g_strdup_printf("compressed item at slot %d in an encrypted "
+                               "image", i);
+        return -EIO;
+    }
+    if (it->key >= EXTREE_VMSTATE_BASE) {
+        *why = g_strdup_printf("compressed item at slot %d in the VM state "
+                               "area", i);
+        return -EIO;
+    }
+    if (alg != EXTREE_COMPRESS_ZLIB && alg != EXTREE_COMPRESS_ZSTD) {
+        *why = g_strdup_printf("bad compression algorithm at slot %d, have "
+                               "%u expect %d or %d", i, alg,
+                               EXTREE_COMPRESS_ZLIB, EXTREE_COMPRESS_ZSTD);
+        return -EIO;
+    }
+    if (it->length > EXTREE_COMPRESSED_MAX || clen == 0 ||
+        clen > it->length) {
+        *why = g_strdup_printf("bad compressed item at slot %d, length 0x%"
+                               PRIx64 " payload 0x%x (payload 1 to length, "
+                               "length at most 0x%x)", i, it->length, clen,
+                               EXTREE_COMPRESSED_MAX);
+        return -EIO;
+    }
+    if (!EXTREE_IS_ALIGNED(it->host, t->block_size) ||
+        it->host < t->data_start || it->host >= he ||
+        hbytes > he - it->host) {
+        *why = g_strdup_printf("bad host range at slot %d, have [0x%" PRIx64
+                               ", +0x%" PRIx64 ") expect inside [0x%" PRIx64
+                               ", 0x%" PRIx64 ")", i, it->host, hbytes,
+                               t->data_start, he);
+        return -EIO;
+    }
+    return 0;
+}
+
 static int leaf_item_check(Extree *t, const ExtreeNodeExpect *e,
                            const ExtreeItem *it, uint32_t flags, int i,
                            uint64_t he, char **why)
@@ -440,7 +494,7 @@ static int leaf_item_check(Extree *t, const ExtreeNodeExpect *e,
     uint64_t bs = t->block_size;
     uint64_t vend = extree_key_limit(t);
 
-    if (flags) {
+    if (flags && it->type != EXTREE_ITEM_COMPRESSED) {
         *why = g_strdup_printf("bad item flags at slot %d, have 0x%x "
                                "expect 0x0", i, flags);
         return -EIO;
@@ -474,6 +528,9 @@ static int leaf_item_check(Extree *t, const ExtreeNodeExpect *e,
                 return -EIO;
             }
             return 0;
+        }
+        if (it->type == EXTREE_ITEM_COMPRESSED) {
+            return compressed_item_check(t, it, i, he, why);
         }
         if (it->type != EXTREE_ITEM_DATA) {
             *why = g_strdup_printf("bad item type at slot %d, have %u", i,
@@ -554,13 +611,22 @@ static bool extent_leaf_ok(Extree *t, const uint8_t *buf, uint32_t nr,
         uint64_t host = ext_ld64(p + EXT_IT_HOST);
         uint32_t type = ext_ld32(p + EXT_IT_TYPE);
 
-        bad |= ext_ld32(p + EXT_IT_FLAGS) | ((key | len) & mask) | (len == 0) |
+        bad |= ((key | len) & mask) | (len == 0) |
                (key < prev_end) | (key >= vend) | (len > vend - key) |
                extree_item_past_size(key, len, data_end);
         if (type == EXTREE_ITEM_DATA) {
-            bad |= (host & mask) | (host < ds) | (host >= he) |
-                   (len > he - host);
+            bad |= ext_ld32(p + EXT_IT_FLAGS) | (host & mask) | (host < ds) |
+                   (host >= he) | (len > he - host);
+        } else if (type == EXTREE_ITEM_COMPRESSED) {
+            /* the item loop says what is wrong */
+            ExtreeItem it = { key, len, host, type,
+                              ext_ld32(p + EXT_IT_FLAGS) };
+            char *why = NULL;
+
+            bad |= compressed_item_check(t, &it, i, he, &why) < 0;
+            g_free(why);
         } else {
+            bad |= ext_ld32(p + EXT_IT_FLAGS);
             bad |= (type != EXTREE_ITEM_ZERO) | (host != 0);
         }
         prev_end = key + len;

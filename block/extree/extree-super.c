@@ -71,6 +71,7 @@ void extree_sb_encode(const ExtreeSuper *s, uint8_t *buf)
     ext_st32(buf + SB_OFF(crypt_method), s->crypt_method);
     ext_st64(buf + SB_OFF(crypt_header_offset), s->crypt_header_offset);
     ext_st64(buf + SB_OFF(crypt_header_length), s->crypt_header_length);
+    ext_st32(buf + SB_OFF(compression_type), s->compression_type);
     buf[SB_OFF(backing_file_len)] = flen & 0xff;
     buf[SB_OFF(backing_file_len) + 1] = flen >> 8;
     buf[SB_OFF(backing_fmt_len)] = mlen & 0xff;
@@ -193,6 +194,7 @@ int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     s->crypt_method = ext_ld32(buf + SB_OFF(crypt_method));
     s->crypt_header_offset = ext_ld64(buf + SB_OFF(crypt_header_offset));
     s->crypt_header_length = ext_ld64(buf + SB_OFF(crypt_header_length));
+    s->compression_type = ext_ld32(buf + SB_OFF(compression_type));
     flen = buf[SB_OFF(backing_file_len)] |
            (buf[SB_OFF(backing_file_len) + 1] << 8);
     mlen = buf[SB_OFF(backing_fmt_len)] |
@@ -224,6 +226,11 @@ int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     ret = decode_crypt(s, why);
     if (ret < 0) {
         return ret;
+    }
+    if (s->compression_type > EXTREE_COMPRESS_ZSTD) {
+        *why = g_strdup_printf("bad compression_type %u (0 to %d)",
+                               s->compression_type, EXTREE_COMPRESS_ZSTD);
+        return -EINVAL;
     }
     data_start = extree_sb_data_start(s);
     if (!EXTREE_IS_ALIGNED(s->host_end, s->block_size) ||
@@ -341,6 +348,7 @@ void extree_sb_from_tree(Extree *t, ExtreeSuper *s)
     s->crypt_method = t->crypt_method;
     s->crypt_header_offset = t->crypt_header_offset;
     s->crypt_header_length = t->crypt_header_length;
+    s->compression_type = t->compression_type;
     if (extree_has_refs(t)) {
         ExtreeTree *rt = &t->trees[EXTREE_TREE_REFS];
 

@@ -113,6 +113,11 @@ int extree_create_check(const ExtreeCreateParams *p, char **errmsg)
     if (ret < 0) {
         return ret;
     }
+    if (p->compression_type > EXTREE_COMPRESS_ZSTD) {
+        *errmsg = g_strdup_printf("Unknown compression type %u",
+                                  p->compression_type);
+        return -EINVAL;
+    }
     return check_backing(p->backing_file, p->backing_fmt, errmsg);
 }
 
@@ -152,6 +157,7 @@ int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
         s.crypt_header_offset = EXTREE_CRYPT_HEADER_OFFSET;
         s.crypt_header_length = p->crypt_header_length;
     }
+    s.compression_type = p->compression_type;
     data_start = extree_sb_data_start(&s);
     s.host_end = data_start + 2 * (uint64_t)ns;
     /* the extent tree's root first, then the free tree's */
@@ -340,6 +346,7 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
     t->crypt_method = sb->crypt_method;
     t->crypt_header_offset = sb->crypt_header_offset;
     t->crypt_header_length = sb->crypt_header_length;
+    t->compression_type = sb->compression_type;
     t->backing_file = sb->backing_file[0] ?
                       g_strdup(sb->backing_file) : NULL;
     t->backing_fmt = sb->backing_fmt[0] ?
@@ -909,6 +916,11 @@ uint64_t extree_incompat_features(const Extree *t)
     return t->incompat;
 }
 
+uint32_t extree_compression_type(const Extree *t)
+{
+    return t->compression_type;
+}
+
 uint32_t extree_crypt_method(const Extree *t)
 {
     return t->crypt_method;
@@ -1042,6 +1054,29 @@ int extree_map_data(Extree *t, uint64_t guest, uint64_t bytes, uint64_t host)
     ExtreeItem it = { guest, bytes, host, EXTREE_ITEM_DATA };
 
     return update_done(t, extree_extent_update(t, &it, guest, bytes));
+}
+
+int extree_map_compressed(Extree *t, uint64_t guest, uint64_t bytes,
+                          uint64_t host, uint32_t payload_len, uint32_t alg)
+{
+    ExtreeItem it = { guest, bytes, host, EXTREE_ITEM_COMPRESSED,
+                      payload_len | (alg << EXTREE_COMPRESSED_ALG_SHIFT) };
+
+    if (payload_len > EXTREE_COMPRESSED_LEN_MASK || alg > UINT8_MAX) {
+        return -EINVAL;
+    }
+    if (!(t->incompat & EXTREE_INCOMPAT_COMPRESSED)) {
+        /* in the commit that writes the first one (and then stays) */
+        t->incompat |= EXTREE_INCOMPAT_COMPRESSED;
+        t->super_dirty = true;
+    }
+    return update_done(t, extree_extent_update(t, &it, guest, bytes));
+}
+
+int extree_map_data_pieces(Extree *t, uint64_t guest, const uint64_t *host,
+                           const uint64_t *len, unsigned n)
+{
+    return update_done(t, extree_extent_map_pieces(t, guest, host, len, n));
 }
 
 /*

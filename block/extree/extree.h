@@ -79,6 +79,11 @@ typedef struct ExtreeCreateParams {
      */
     uint32_t crypt_method;          /* 0 or EXTREE_CRYPT_LUKS */
     uint64_t crypt_header_length;   /* bytes at 8192, with crypt_method */
+    /*
+     * EXTREE_COMPRESS_*: the algorithm the caller compresses extents with
+     * (extree_map_compressed()); recorded, never used by the core
+     */
+    uint32_t compression_type;
 } ExtreeCreateParams;
 
 typedef struct ExtreeOpenOptions {
@@ -277,6 +282,7 @@ uint64_t extree_incompat_features(const Extree *t);
  * lies, [offset, offset + length), below extree_data_start().  Never
  * changed by the core: snapshots, commits and the checker keep them.
  */
+uint32_t extree_compression_type(const Extree *t);    /* EXTREE_COMPRESS_* */
 uint32_t extree_crypt_method(const Extree *t);          /* 0: not encrypted */
 uint64_t extree_crypt_header_offset(const Extree *t);   /* 0 if none */
 uint64_t extree_crypt_header_length(const Extree *t);   /* 0 if none */
@@ -331,11 +337,20 @@ typedef enum {
     EXTREE_RUN_UNALLOC = 0,
     EXTREE_RUN_DATA = 1,
     EXTREE_RUN_ZERO = 2,
+    EXTREE_RUN_COMPRESSED = 3,
 } ExtreeRunType;
 
 typedef struct ExtreeRun {
-    uint64_t guest, length, host;   /* host valid for DATA only */
+    uint64_t guest, length;
+    uint64_t host;      /* DATA: of @guest; COMPRESSED: the payload's */
     ExtreeRunType type;
+    /*
+     * COMPRESSED: the whole extent [ext_guest, + ext_length) (a run is
+     * one extent, or with EXTREE_COALESCE_STATUS the first of several),
+     * its payload's length and algorithm
+     */
+    uint64_t ext_guest, ext_length;
+    uint32_t payload_len, alg;
 } ExtreeRun;
 
 /*
@@ -370,8 +385,10 @@ void extree_cursor_release(ExtreeCursor *c);
 
 /* merge DATA only if host-contiguous, ZERO with ZERO */
 #define EXTREE_COALESCE_HOST    0
-/* merge every adjacent DATA/ZERO item; type and host of the first piece */
+/* merge every adjacent item; type and host of the first piece */
 #define EXTREE_COALESCE_ALLOC   1
+/* as HOST, and adjacent COMPRESSED items too (block status: no offsets) */
+#define EXTREE_COALESCE_STATUS  2
 
 /*
  * run->guest = @guest, run->length in (0, @max_bytes], never past the
@@ -465,6 +482,42 @@ int extree_free_data(Extree *t, uint64_t host, uint64_t bytes);
  * is freed).  O(log n + items replaced).
  */
 int extree_map_data(Extree *t, uint64_t guest, uint64_t bytes, uint64_t host);
+/*
+ * Map guest [guest, + bytes) as one COMPRESSED extent whose payload, of
+ * @payload_len bytes compressed with @alg (EXTREE_COMPRESS_ZLIB or _ZSTD),
+ * the caller wrote at @host (allocated with extree_alloc_data() for the
+ * payload's blocks).  @bytes at most EXTREE_COMPRESSED_MAX.  The first
+ * one sets the compressed feature bit.  The core never reads payloads.
+ *
+ * A COMPRESSED extent is never split: every update (map, zero, punch,
+ * a smaller virtual size) must cover each one it touches whole, or fails
+ * with -EINVAL and changes nothing.  The caller rewrites such an extent
+ * uncompressed first: new space (one or more allocations) holding its
+ * data, mapped with extree_map_data_pieces().
+ */
+int extree_map_compressed(Extree *t, uint64_t guest, uint64_t bytes,
+                          uint64_t host, uint32_t payload_len, uint32_t alg);
+/*
+ * Map @n DATA pieces in guest order from @guest: @len[i] bytes at
+ * @host[i] each, replacing what is there in one update
+ */
+int extree_map_data_pieces(Extree *t, uint64_t guest, const uint64_t *host,
+                           const uint64_t *len, unsigned n);
+
+/*
+ * Payloads of compressed extents (extree-compress.c; no I/O, no state, any
+ * thread).  extree_compress(): @len (1 to EXTREE_COMPRESSED_MAX) bytes of
+ * @src into at most @cap bytes of @dst, *@out the payload's length;
+ * -ENOSPC when it does not fit (it does not pay), -EINVAL for an unknown
+ * @alg.  extree_decompress(): 0 only if the whole payload [@src, + @len)
+ * gives exactly @dst_len bytes with its checksum right, else -EIO (or
+ * -ENOMEM).
+ */
+int extree_compress(uint32_t alg, const void *src, size_t len, void *dst,
+                    size_t cap, size_t *out);
+int extree_decompress(uint32_t alg, const void *src, size_t len, void *dst,
+                      size_t dst_len);
+const char *extree_compression_name(uint32_t alg);  /* NULL if unknown */
 
 /*
  * The backend cannot grow past @limit bytes (a block device, an NBD
@@ -569,6 +622,7 @@ typedef struct ExtreeCheckResult {
     uint64_t leaked_ref_bytes;
     uint64_t nodes, extents, free_items;
     uint64_t data_bytes, metadata_bytes, free_bytes;
+    uint64_t compressed_bytes;  /* guest bytes of them in compressed extents */
     uint64_t unmerged;          /* adjacent mergeable items: not an error */
     /* of @corruptions: fixed by rebuilding the free-space tree */
     uint64_t repaired_corruptions;

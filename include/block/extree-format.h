@@ -86,9 +86,16 @@
 #define EXTREE_INCOMPAT_ENCRYPTED_BITNR 2
 #define EXTREE_INCOMPAT_ENCRYPTED \
     (1ULL << EXTREE_INCOMPAT_ENCRYPTED_BITNR)
+/*
+ * EXTREE_INCOMPAT_COMPRESSED: the extent trees may hold COMPRESSED items;
+ * a reader that does not know them would not find the guest data
+ */
+#define EXTREE_INCOMPAT_COMPRESSED_BITNR 3
+#define EXTREE_INCOMPAT_COMPRESSED \
+    (1ULL << EXTREE_INCOMPAT_COMPRESSED_BITNR)
 #define EXTREE_INCOMPAT_MASK \
     (EXTREE_INCOMPAT_CORRUPT | EXTREE_INCOMPAT_SNAPSHOTS | \
-     EXTREE_INCOMPAT_ENCRYPTED)
+     EXTREE_INCOMPAT_ENCRYPTED | EXTREE_INCOMPAT_COMPRESSED)
 
 /* Compatible features: none defined; unknown bits are ignored */
 #define EXTREE_COMPAT_MASK              0ULL
@@ -167,7 +174,9 @@ typedef struct __attribute__((packed)) ExtreeDiskSuper {
     uint32_t reserved6;         /*  212 */
     uint64_t crypt_header_offset; /* 216: encryption bit: 8192 */
     uint64_t crypt_header_length; /* 224: encryption bit: bytes */
-    uint8_t reserved2[1024 - 232];
+    uint32_t compression_type;  /*  232: EXTREE_COMPRESS_* new ones use */
+    uint32_t reserved7;         /*  236 */
+    uint8_t reserved2[1024 - 240];
     char backing_fmt[32];       /* 1024 */
     uint8_t reserved3[2048 - 1056];
     char backing_file[1024];    /* 2048 */
@@ -207,6 +216,23 @@ typedef struct __attribute__((packed)) ExtreeDiskKeyPtr {
 #define EXTREE_ITEM_FREE        3   /* free-space tree: free host range */
 /* reference count tree: host_offset is the count (>= 2) of every block */
 #define EXTREE_ITEM_REFS        4
+/*
+ * Compressed bit: the guest range is the uncompressed content of the
+ * payload at host_offset; flags hold the payload's length and algorithm
+ * (EXTREE_COMPRESSED_*).  Never split: a change to part of it rewrites it.
+ */
+#define EXTREE_ITEM_COMPRESSED  5
+
+/* Compression algorithms (item flags, superblock compression_type) */
+#define EXTREE_COMPRESS_NONE    0       /* compression_type: not chosen */
+#define EXTREE_COMPRESS_ZLIB    1       /* a zlib stream (RFC 1950) */
+#define EXTREE_COMPRESS_ZSTD    2       /* one zstd frame (RFC 8878) */
+
+/* flags of a COMPRESSED item: payload bytes in 0..23, algorithm in 24..31 */
+#define EXTREE_COMPRESSED_LEN_MASK  0x00ffffffU
+#define EXTREE_COMPRESSED_ALG_SHIFT 24
+/* Largest guest length of a COMPRESSED item: a reader's memory bound */
+#define EXTREE_COMPRESSED_MAX   (2 * 1024 * 1024)
 
 /*
  * Leaf item.  Extent tree: key = guest offset.  Free-space tree: key =
@@ -217,7 +243,8 @@ typedef struct __attribute__((packed)) ExtreeDiskItem {
     uint64_t length;
     uint64_t host_offset;       /* DATA: host offset; ZERO: 0; FREE: = key */
     uint32_t type;              /* EXTREE_ITEM_* */
-    uint32_t flags;             /* reserved, 0 */
+    uint32_t flags;             /* COMPRESSED: payload length, algorithm;
+                                   other types: 0 */
 } ExtreeDiskItem;
 
 /* Snapshot table: header, then snap_count entries */
@@ -278,7 +305,9 @@ _Static_assert(__builtin_offsetof(ExtreeDiskSuper, crypt_header_offset) ==
                216, "sb");
 _Static_assert(__builtin_offsetof(ExtreeDiskSuper, crypt_header_length) ==
                224, "sb");
-_Static_assert(__builtin_offsetof(ExtreeDiskSuper, reserved2) == 232, "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, compression_type) == 232,
+               "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, reserved2) == 240, "sb");
 _Static_assert(sizeof(ExtreeDiskSnapHeader) == 64, "snapshot table header");
 _Static_assert(sizeof(ExtreeDiskSnapEntry) == EXTREE_SNAP_ENTRY_SIZE,
                "snapshot entry");
