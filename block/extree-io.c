@@ -20,11 +20,13 @@
  */
 
 #include "qemu/osdep.h"
+#include "block/aio_task.h"
 #include "block/block.h"
 #include "block/block_int.h"
 #include "qapi/error.h"
 #include "qapi/qapi-events-block-core.h"
 #include "qemu/coroutine.h"
+#include "qemu/cutils.h"
 #include "qemu/error-report.h"
 #include "qemu/memalign.h"
 #include "qemu/timer.h"
@@ -428,6 +430,30 @@ xt_read_unmapped(BDRVExtreeState *s, ExtreeRunType type, uint64_t guest,
 }
 
 /*
+ * Guest [run->guest, + run->length) of COMPRESSED run @run into @qiov at
+ * @qiov_offset: the whole extent decompressed, the part copied out.
+ * Called without s->lock, the request counted (xt_io_begin()).
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_read_compressed(BDRVExtreeState *s, const ExtreeRun *run,
+                   QEMUIOVector *qiov, size_t qiov_offset)
+{
+    uint8_t *buf = qemu_try_blockalign(s->bs, run->ext_length);
+    int ret;
+
+    if (!buf) {
+        return -ENOMEM;
+    }
+    ret = xt_decompress_run(s, run, buf);
+    if (ret == 0) {
+        qemu_iovec_from_buf(qiov, qiov_offset,
+                            buf + (run->guest - run->ext_guest), run->length);
+    }
+    qemu_vfree(buf);
+    return ret;
+}
+
+/*
  * One lookup of up to EXTREE_READ_BATCH runs with the request's cursor,
  * then their I/O without the lock.  DATA runs are host-contiguous pieces
  * already merged by the cursor (EXTREE_COALESCE_HOST): one host read each.
@@ -495,6 +521,9 @@ extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
                 BLKDBG_CO_EVENT(bs->file, BLKDBG_READ_AIO);
                 ret = bdrv_co_preadv_part(bs->file, run->host, run->length,
                                           qiov, qoff, 0);
+            } else if (run->type == EXTREE_RUN_COMPRESSED) {
+                BLKDBG_CO_EVENT(bs->file, BLKDBG_READ_COMPRESSED);
+                ret = xt_read_compressed(s, run, qiov, qoff);
             } else {
                 ret = xt_read_unmapped(s, run->type, run->guest,
                                        run->length, qiov, qoff);
@@ -738,6 +767,128 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     return ret;
 }
 
+/*
+ * Rewrite COMPRESSED extent @run uncompressed into new space (spec:
+ * Compressed extents; it is never split), with guest [@offset, @offset +
+ * @n) of it, clipped to the extent, taken from @qiov at @qiov_offset (no
+ * @qiov: as it is).  The new space may come in pieces; they are mapped in
+ * one update.  *@done is the part of the request written.
+ *
+ * Called with s->lock held and the request counted (xt_io_begin()), which
+ * keeps the payload's space from being reused; returns with s->lock held
+ * and the count dropped.  -EAGAIN: it waited for an overlapping
+ * allocating write, look the mapping up again.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_inflate(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
+           uint64_t n, QEMUIOVector *qiov, size_t qiov_offset,
+           uint64_t *done)
+{
+    BlockDriverState *bs = s->bs;
+    uint64_t cstart = run->ext_guest, len = run->ext_length;
+    uint64_t cend = cstart + len;
+    /* at most one piece per block */
+    g_autofree uint64_t *hosts = g_new(uint64_t, len / s->block_size);
+    g_autofree uint64_t *lens = g_new(uint64_t, len / s->block_size);
+    unsigned np = 0;
+    uint64_t pos = 0, wlen;
+    ExtreeAllocReq req;
+    uint8_t *buf;
+    int ret;
+
+    assert(run->type == EXTREE_RUN_COMPRESSED && !s->crypto);
+    if (xt_find_alloc(s, cstart, cend)) {
+        xt_io_end(s);
+        xt_wait_alloc(s, cstart, cend);
+        return -EAGAIN;
+    }
+    wlen = qiov ? MIN(offset + n, cend) - offset : 0;
+    req.start = cstart;
+    req.end = cend;
+    qemu_co_queue_init(&req.waiters);
+    QLIST_INSERT_HEAD(&s->alloc_reqs, &req, next);
+    qemu_co_mutex_unlock(&s->lock);
+    trace_extree_inflate(s, cstart, cend, wlen);
+
+    buf = qemu_try_blockalign(bs->file->bs, len);
+    ret = buf ? xt_decompress_run(s, run, buf) : -ENOMEM;
+    if (ret == 0 && wlen) {
+        qemu_iovec_to_buf(qiov, qiov_offset, buf + (offset - cstart), wlen);
+    }
+
+    xt_lock(s);
+    if (ret == 0) {
+        xt_grow_before(s, len);
+    }
+    while (ret == 0 && pos < len) {
+        uint64_t got;
+
+        ret = extree_alloc_data(s->t, cstart + pos, len - pos, &hosts[np],
+                                &got);
+        if (ret == 0) {
+            lens[np] = got;
+            xt_grow_file(s, hosts[np] + got);
+            pos += got;
+            np++;
+        }
+    }
+    qemu_co_mutex_unlock(&s->lock);
+
+    for (unsigned i = 0, o = 0; ret == 0 && i < np; o += lens[i], i++) {
+        BLKDBG_CO_EVENT(bs->file, BLKDBG_WRITE_AIO);
+        ret = bdrv_co_pwrite(bs->file, hosts[i], lens[i], buf + o, 0);
+    }
+    qemu_vfree(buf);
+
+    xt_lock(s);
+    if (ret == 0) {
+        /* The data is written: now the mapping may reach a commit */
+        ret = extree_map_data_pieces(s->t, cstart, hosts, lens, np);
+    }
+    if (ret < 0) {
+        for (unsigned i = 0; i < np; i++) {
+            extree_free_data(s->t, hosts[i], lens[i]);
+        }
+    }
+    QLIST_REMOVE(&req, next);
+    qemu_co_queue_restart_all(&req.waiters);
+    xt_io_end(s);
+    *done = wlen;
+    return ret;
+}
+
+/*
+ * An update of guest ranges that start or end at @at (block-aligned)
+ * must not split a COMPRESSED extent: one that lies across @at is
+ * rewritten uncompressed first.  1 if it did that or waited (s->lock was
+ * dropped: the caller looks at its range again), 0 if no extent lies
+ * across @at, or -errno.  Called with s->lock held.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_unsplit_at(BDRVExtreeState *s, uint64_t at)
+{
+    ExtreeCursor cur;
+    ExtreeRun run;
+    uint64_t done;
+    int ret;
+
+    if (!(extree_incompat_features(s->t) & EXTREE_INCOMPAT_COMPRESSED) ||
+        at >= extree_virtual_size(s->t)) {
+        return 0;
+    }
+    xt_io_begin(s);
+    extree_cursor_init(&cur, s->t);
+    ret = extree_cursor_query(&cur, at, s->block_size, EXTREE_COALESCE_HOST,
+                              &run);
+    extree_cursor_release(&cur);
+    if (ret < 0 || run.type != EXTREE_RUN_COMPRESSED || run.ext_guest == at) {
+        xt_io_end(s);
+        return ret;
+    }
+    ret = xt_inflate(s, &run, at, 0, NULL, 0, &done);
+    return ret == 0 || ret == -EAGAIN ? 1 : ret;
+}
+
 /* @nested: see xt_enter_nested() */
 static int coroutine_fn GRAPH_RDLOCK
 xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
@@ -789,8 +940,12 @@ xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
             xt_lock(s);
             xt_io_end(s);
         } else {
-            ret = xt_alloc_write(s, &run, offset, n, qiov, qiov_offset,
-                                 &n);
+            if (run.type == EXTREE_RUN_COMPRESSED) {
+                ret = xt_inflate(s, &run, offset, n, qiov, qiov_offset, &n);
+            } else {
+                ret = xt_alloc_write(s, &run, offset, n, qiov, qiov_offset,
+                                     &n);
+            }
             if (ret == -EAGAIN) {
                 continue;
             }
@@ -834,6 +989,200 @@ extree_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
 
 /* ---- Flush ---- */
 
+/* ---- Compressed writes ---- */
+
+/*
+ * Map compressed guest [@offset, + @len) (block-aligned), whose payload
+ * (@plen bytes, the rest of its last block zeroed) is in @payload.
+ * -ENOSPC: no room, or no contiguous room for the payload: the caller
+ * writes the data as it is.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_map_payload(BDRVExtreeState *s, uint64_t offset, uint64_t len,
+               const uint8_t *payload, size_t plen)
+{
+    uint64_t need = ROUND_UP(plen, s->block_size), host, got;
+    ExtreeAllocReq req;
+    int ret;
+
+    ret = xt_enter(s);
+    if (ret < 0) {
+        return ret;
+    }
+    for (;;) {
+        xt_wait_alloc(s, offset, offset + len);
+        /* no COMPRESSED extent across either end (it is never split) */
+        ret = xt_unsplit_at(s, offset);
+        if (ret == 0) {
+            ret = xt_unsplit_at(s, offset + len);
+        }
+        if (ret <= 0) {
+            break;
+        }
+    }
+    if (ret < 0) {
+        goto out;
+    }
+    xt_io_begin(s);
+    xt_grow_before(s, need);
+    ret = extree_alloc_data(s->t, offset, need, &host, &got);
+    if (ret == 0 && got < need) {
+        extree_free_data(s->t, host, got);
+        ret = -ENOSPC;
+    }
+    if (ret < 0) {
+        xt_io_end(s);
+        goto out;
+    }
+    xt_grow_file(s, host + need);
+    req.start = offset;
+    req.end = offset + len;
+    qemu_co_queue_init(&req.waiters);
+    QLIST_INSERT_HEAD(&s->alloc_reqs, &req, next);
+    qemu_co_mutex_unlock(&s->lock);
+
+    trace_extree_compressed_write(s, offset, len, host, plen);
+    BLKDBG_CO_EVENT(s->bs->file, BLKDBG_WRITE_COMPRESSED);
+    ret = bdrv_co_pwrite(s->bs->file, host, need, payload, 0);
+
+    xt_lock(s);
+    if (ret == 0) {
+        ret = extree_map_compressed(s->t, offset, len, host, plen,
+                                    s->compress_alg);
+    }
+    if (ret < 0) {
+        extree_free_data(s->t, host, need);
+    }
+    QLIST_REMOVE(&req, next);
+    qemu_co_queue_restart_all(&req.waiters);
+    xt_io_end(s);
+out:
+    xt_update_done(s);
+    xt_leave(s);
+    return ret;
+}
+
+/*
+ * One unit of a compressed write: guest [@offset, + @bytes), @offset
+ * block-aligned, @bytes at most s->compress_unit and a multiple of the
+ * block size unless the unit ends the disk (the rest of its last block is
+ * compressed as zeroes).  Zeroes become a ZERO extent; data whose payload
+ * would not save a block is written as it is.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_compressed_unit(BlockDriverState *bs, uint64_t offset, uint64_t bytes,
+                   QEMUIOVector *qiov, size_t qiov_offset)
+{
+    BDRVExtreeState *s = bs->opaque;
+    uint64_t len = ROUND_UP(bytes, s->block_size);
+    uint8_t *buf = qemu_try_blockalign(bs, len);
+    uint8_t *payload = qemu_try_blockalign(bs->file->bs, len);
+    size_t plen = 0;
+    int ret = buf && payload ? 0 : -ENOMEM;
+
+    if (ret == 0) {
+        memset(buf + bytes, 0, len - bytes);
+        qemu_iovec_to_buf(qiov, qiov_offset, buf, bytes);
+        if (buffer_is_zero(buf, len)) {
+            ret = 1;
+        }
+    }
+    if (ret == 0) {
+        /* it must save a block, or it is not worth its decompression */
+        ret = xt_compress(s->compress_alg, buf, len, payload,
+                          len - s->block_size, &plen);
+    }
+    if (ret == 0) {
+        memset(payload + plen, 0, ROUND_UP(plen, s->block_size) - plen);
+        ret = xt_map_payload(s, offset, len, payload, plen);
+    }
+    qemu_vfree(buf);
+    qemu_vfree(payload);
+    if (ret == 1) {
+        return extree_co_pwrite_zeroes(bs, offset, bytes,
+                                       BDRV_REQ_MAY_UNMAP);
+    } else if (ret == -ENOSPC) {
+        return xt_pwritev(bs, offset, bytes, qiov, qiov_offset, false);
+    }
+    return ret;
+}
+
+typedef struct XtCompressTask {
+    AioTask task;
+    BlockDriverState *bs;
+    uint64_t offset, bytes;
+    QEMUIOVector *qiov;
+    size_t qiov_offset;
+} XtCompressTask;
+
+/* Runs while the request that started it holds the graph lock */
+static int coroutine_fn GRAPH_RDLOCK xt_compress_task(AioTask *task)
+{
+    XtCompressTask *t = container_of(task, XtCompressTask, task);
+
+    return xt_compressed_unit(t->bs, t->offset, t->bytes, t->qiov,
+                              t->qiov_offset);
+}
+
+/*
+ * Compressed writes (qemu-img convert -c, rebase -c, backup compress=on):
+ * units of s->compress_unit, each one COMPRESSED extent, compressed up to
+ * XT_COMPRESS_WORKERS at once, so that both cores compress while
+ * qemu-img writes one chunk at a time.  A request that is not
+ * block-aligned (except at the end of the disk) is written as it is.
+ */
+int coroutine_fn GRAPH_RDLOCK
+extree_co_pwritev_compressed_part(BlockDriverState *bs, int64_t offset,
+                                  int64_t bytes, QEMUIOVector *qiov,
+                                  size_t qiov_offset)
+{
+    BDRVExtreeState *s = bs->opaque;
+    uint64_t bsz = s->block_size;
+    uint64_t vsize = qatomic_read(&s->virtual_size);
+    AioTaskPool *pool;
+    int ret;
+
+    if (!bytes) {
+        /* qemu-img convert's end of the image: nothing is buffered */
+        return 0;
+    }
+    if (s->crypto) {
+        error_report_once("extree: compressed writes are not supported on "
+                          "encrypted images");
+        return -ENOTSUP;
+    }
+    if (!QEMU_IS_ALIGNED(offset, bsz) ||
+        (!QEMU_IS_ALIGNED(bytes, bsz) && offset + bytes != vsize)) {
+        return xt_pwritev(bs, offset, bytes, qiov, qiov_offset, false);
+    }
+    if (bytes <= s->compress_unit) {
+        return xt_compressed_unit(bs, offset, bytes, qiov, qiov_offset);
+    }
+    pool = aio_task_pool_new(XT_COMPRESS_WORKERS);
+    for (uint64_t o = 0; o < bytes; o += s->compress_unit) {
+        XtCompressTask *t = g_new(XtCompressTask, 1);
+
+        if (aio_task_pool_status(pool) < 0) {
+            g_free(t);
+            break;
+        }
+        *t = (XtCompressTask) {
+            .task.func = xt_compress_task,
+            .bs = bs,
+            .offset = offset + o,
+            .bytes = MIN(s->compress_unit, bytes - o),
+            .qiov = qiov,
+            .qiov_offset = qiov_offset + o,
+        };
+        /* the pool frees the task when it is done */
+        aio_task_pool_start_task(pool, &t->task);
+    }
+    aio_task_pool_wait_all(pool);
+    ret = aio_task_pool_status(pool);
+    aio_task_pool_free(pool);
+    return ret;
+}
+
 int coroutine_fn GRAPH_RDLOCK extree_co_flush_to_os(BlockDriverState *bs)
 {
     BDRVExtreeState *s = bs->opaque;
@@ -872,6 +1221,15 @@ xt_update_range(BDRVExtreeState *s, uint64_t start, uint64_t end,
     trace_extree_update_range(s, start, end, op);
     for (;;) {
         xt_wait_alloc(s, start, end);
+        ret = xt_unsplit_at(s, start);
+        if (ret == 0) {
+            ret = xt_unsplit_at(s, end);
+        }
+        if (ret < 0) {
+            return ret;
+        } else if (ret > 0) {
+            continue;
+        }
         xt_grow_before_nodes(s, 0);
         if (op == EXTREE_OP_ZERO) {
             ret = extree_set_zero(s->t, start, end - start);
@@ -985,6 +1343,14 @@ xt_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
     }
 
     switch (run.type) {
+    case EXTREE_RUN_COMPRESSED:
+        /* never in place: rewritten with the zeroes (xt_inflate()) */
+        xt_io_end(s);
+        if (flags & BDRV_REQ_NO_FALLBACK) {
+            ret = -ENOTSUP;
+            break;
+        }
+        goto write_buffer;
     case EXTREE_RUN_DATA:
         if (!in_place || s->crypto) {
             /*
@@ -1082,10 +1448,13 @@ xt_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
             xt_io_end(s);
             break;
         }
-        if (run.type == EXTREE_RUN_DATA && (!in_place || s->crypto)) {
+        if ((run.type == EXTREE_RUN_DATA && (!in_place || s->crypto)) ||
+            run.type == EXTREE_RUN_COMPRESSED) {
             /*
              * A snapshot shares it: not in place, a ZERO extent instead.
              * Encrypted: zeroes on the host would not read as zeroes.
+             * Compressed: never in place (xt_update_range() rewrites a
+             * part of one first).
              */
             xt_io_end(s);
             ret = xt_update_range(s, start, ROUND_UP(start + run.length, bsz),
@@ -1440,7 +1809,7 @@ extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
         return 0;
     }
     ret = xt_query(s, &s->status_cursor, offset, bytes,
-                   want_zero ? EXTREE_COALESCE_HOST : EXTREE_COALESCE_ALLOC,
+                   want_zero ? EXTREE_COALESCE_STATUS : EXTREE_COALESCE_ALLOC,
                    &run);
     xt_leave(s);
     if (ret < 0) {
@@ -1462,6 +1831,10 @@ extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
     case EXTREE_RUN_ZERO:
         /* Allocated in this layer; !want_zero may span DATA too */
         return want_zero ? BDRV_BLOCK_ZERO : BDRV_BLOCK_DATA;
+    case EXTREE_RUN_COMPRESSED:
+        /* adjacent compressed extents in one answer (no host offsets) */
+        return want_zero ? BDRV_BLOCK_DATA | BDRV_BLOCK_COMPRESSED
+                         : BDRV_BLOCK_DATA;
     default:
         return 0;
     }

@@ -115,6 +115,12 @@ typedef struct BDRVExtreeState {
     int64_t file_len;
     bool grow_off;
     uint32_t block_size;                /* of @t, constant while open */
+    /*
+     * Compressed writes: pieces of @compress_unit bytes (one COMPRESSED
+     * extent each) compressed with @compress_alg (EXTREE_COMPRESS_*), from
+     * @t's superblock; constant while open
+     */
+    uint32_t compress_unit, compress_alg;
     uint32_t node_size;
 
     /* block_status walks forward from where the last query ended */
@@ -192,10 +198,26 @@ typedef struct BDRVExtreeState {
  * Encrypted I/O larger than a piece goes in pieces (each with its own
  * bounce buffer), this many at a time
  */
+/*
+ * Compressed writes: a COMPRESSED extent holds XT_COMPRESS_UNIT bytes (or
+ * a block, if larger); qemu-img writes XT_COMPRESS_CHUNK at a time
+ * (bdi.cluster_size), whose units are compressed XT_COMPRESS_WORKERS at
+ * once in the thread pool
+ */
+#define XT_COMPRESS_UNIT    (256 * 1024)
+#define XT_COMPRESS_CHUNK   (512 * 1024)
+#define XT_COMPRESS_WORKERS 4
 #define XT_CRYPT_PIECE      (256 * 1024)
 #define XT_CRYPT_WORKERS    4
 /* Buffers this small are en- or decrypted in the coroutine */
 #define XT_CRYPT_INLINE     (16 * 1024)
+
+/* ---- extree-codec.c ---- */
+
+int coroutine_fn xt_compress(uint32_t alg, const void *src, size_t len,
+                             void *dst, size_t cap, size_t *plen);
+int coroutine_fn GRAPH_RDLOCK
+xt_decompress_run(BDRVExtreeState *s, const ExtreeRun *run, void *buf);
 
 /* ---- extree-file.c ---- */
 
@@ -321,6 +343,10 @@ int coroutine_fn GRAPH_RDLOCK
 extree_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
                        QEMUIOVector *qiov, size_t qiov_offset,
                        BdrvRequestFlags flags);
+int coroutine_fn GRAPH_RDLOCK
+extree_co_pwritev_compressed_part(BlockDriverState *bs, int64_t offset,
+                                  int64_t bytes, QEMUIOVector *qiov,
+                                  size_t qiov_offset);
 int coroutine_fn GRAPH_RDLOCK extree_co_flush_to_os(BlockDriverState *bs);
 int coroutine_fn GRAPH_RDLOCK
 extree_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes);

@@ -281,6 +281,8 @@ static void GRAPH_RDLOCK xt_install_core(BDRVExtreeState *s, Extree *t,
     s->grow_off = false;
     s->block_size = extree_block_size(t);
     s->node_size = extree_node_size(t);
+    s->compress_unit = MAX(XT_COMPRESS_UNIT, s->block_size);
+    s->compress_alg = extree_compression_type(t) ?: EXTREE_COMPRESS_ZSTD;
     extree_set_corrupt_handler(t, xt_corrupt_cb, s);
     extree_cursor_init(&s->status_cursor, t);
     qatomic_set(&s->virtual_size, extree_virtual_size(t));
@@ -717,6 +719,7 @@ extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
         ret = extree_count_fragments(s->t, &data_blocks, &fragments);
         result->bfi.allocated_clusters = data_blocks;
         result->bfi.fragmented_clusters = fragments;
+        result->bfi.compressed_clusters = r.compressed_bytes / s->block_size;
         if (ret < 0) {
             result->check_errors++;
         }
@@ -737,7 +740,14 @@ extree_co_get_info(BlockDriverState *bs, BlockDriverInfo *bdi)
 {
     BDRVExtreeState *s = bs->opaque;
 
-    bdi->cluster_size = s->block_size;
+    /*
+     * The unit of compressed writes (qemu-img convert -c and rebase -c
+     * write whole clusters, backup compress=on copies them); everything
+     * else is allocated, and copied on read, in blocks
+     */
+    bdi->cluster_size = MIN(MAX(XT_COMPRESS_CHUNK, s->compress_unit),
+                            EXTREE_COMPRESSED_MAX);
+    bdi->subcluster_size = s->block_size;
     bdi->is_dirty = false;
     return 0;
 }
@@ -769,6 +779,21 @@ extree_get_specific_info(BlockDriverState *bs, Error **errp)
         .corrupt = !!(extree_incompat_features(s->t) &
                       EXTREE_INCOMPAT_CORRUPT),
     };
+    if (extree_compression_type(s->t) ||
+        (extree_incompat_features(s->t) & EXTREE_INCOMPAT_COMPRESSED)) {
+        ImageInfoSpecificExtree *x = spec_info->u.extree.data;
+
+        x->has_compression_type = true;
+#ifdef CONFIG_ZSTD
+        x->compression_type = s->compress_alg == EXTREE_COMPRESS_ZSTD ?
+                              QCOW2_COMPRESSION_TYPE_ZSTD :
+                              QCOW2_COMPRESSION_TYPE_ZLIB;
+#else
+        /* (the core decompresses zstd even so) */
+        x->compression_type = QCOW2_COMPRESSION_TYPE_ZLIB;
+        x->has_compression_type = s->compress_alg == EXTREE_COMPRESS_ZLIB;
+#endif
+    }
     if (s->crypto) {
         QCryptoBlockInfo *encrypt = qcrypto_block_get_info(s->crypto, errp);
 
@@ -900,6 +925,11 @@ extree_co_create(BlockdevCreateOptions *opts, Error **errp)
     if (ret < 0) {
         return ret;
     }
+    if (xo->has_compression_type && xo->encrypt) {
+        error_setg(errp, "Encrypted images cannot be compressed: "
+                   "compression-type and encrypt are exclusive");
+        return -EINVAL;
+    }
 
     bs = bdrv_co_open_blockdev_ref(xo->file, errp);
     if (bs == NULL) {
@@ -939,6 +969,10 @@ extree_co_create(BlockdevCreateOptions *opts, Error **errp)
         .backing_fmt = backing_fmt,
         .crypt_method = xo->encrypt ? EXTREE_CRYPT_LUKS : 0,
         .crypt_header_length = crypt_len,
+        .compression_type = !xo->has_compression_type ? 0 :
+                            xo->compression_type ==
+                            QCOW2_COMPRESSION_TYPE_ZLIB ? EXTREE_COMPRESS_ZLIB
+                                                        : EXTREE_COMPRESS_ZSTD,
     };
     be.ops = &xt_blk_backend_ops;
     be.opaque = blk;
@@ -988,7 +1022,7 @@ extree_co_create_opts(BlockDriver *drv, const char *filename, QemuOpts *opts,
     BlockDriverState *bs = NULL;
     QDict *qdict;
     Visitor *v;
-    const char *prealloc_str, *backing_fmt, *encrypt_fmt;
+    const char *prealloc_str, *backing_fmt, *encrypt_fmt, *compression;
     PreallocMode prealloc;
     uint64_t size, block_size;
     Error *local_err = NULL;
@@ -999,6 +1033,7 @@ extree_co_create_opts(BlockDriver *drv, const char *filename, QemuOpts *opts,
         { BLOCK_OPT_BACKING_FMT,        "backing-fmt" },
         { EXTREE_OPT_BLOCK_SIZE,         "block-size" },
         { EXTREE_OPT_NODE_SIZE,         "node-size" },
+        { BLOCK_OPT_COMPRESSION_TYPE,   "compression-type" },
         { NULL, NULL },
     };
 
@@ -1026,6 +1061,19 @@ extree_co_create_opts(BlockDriver *drv, const char *filename, QemuOpts *opts,
     if (encrypt_fmt && !g_str_equal(encrypt_fmt, "luks")) {
         error_setg(errp, "Unsupported encryption format '%s' (extree "
                    "supports 'luks')", encrypt_fmt);
+        return -EINVAL;
+    }
+    compression = qemu_opt_get(opts, BLOCK_OPT_COMPRESSION_TYPE);
+    if (compression &&
+        qapi_enum_parse(&Qcow2CompressionType_lookup, compression, -1,
+                        NULL) < 0) {
+        error_setg(errp, "Unknown compression type '%s' (allowed values: "
+                   "zlib, zstd)", compression);
+        return -EINVAL;
+    }
+    if (compression && encrypt_fmt) {
+        error_setg(errp, "Encrypted images cannot be compressed: "
+                   "compression_type and encryption are exclusive");
         return -EINVAL;
     }
     ret = xt_check_create(size, block_size,
@@ -1375,6 +1423,13 @@ static QemuOptsList extree_create_opts = {
         BLOCK_CRYPTO_OPT_DEF_LUKS_IVGEN_HASH_ALG("encrypt."),
         BLOCK_CRYPTO_OPT_DEF_LUKS_HASH_ALG("encrypt."),
         BLOCK_CRYPTO_OPT_DEF_LUKS_ITER_TIME("encrypt."),
+        {
+            .name = BLOCK_OPT_COMPRESSION_TYPE,
+            .type = QEMU_OPT_STRING,
+            .help = "Compression method of compressed writes (allowed "
+                    "values: zlib, zstd; default: zstd); not with "
+                    "encryption",
+        },
         { /* end of list */ }
     }
 };
@@ -1444,6 +1499,7 @@ static BlockDriver bdrv_extree = {
 
     .bdrv_co_preadv_part            = extree_co_preadv_part,
     .bdrv_co_pwritev_part           = extree_co_pwritev_part,
+    .bdrv_co_pwritev_compressed_part = extree_co_pwritev_compressed_part,
     .bdrv_co_flush_to_os            = extree_co_flush_to_os,
     .bdrv_co_pwrite_zeroes          = extree_co_pwrite_zeroes,
     .bdrv_co_pdiscard               = extree_co_pdiscard,

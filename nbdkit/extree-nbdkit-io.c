@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -258,6 +259,36 @@ static int xp_query(ExtreeCursor *c, uint64_t guest, uint64_t max_bytes,
 /* ---- Reads ---- */
 
 /*
+ * Guest [run->guest, + run->length) of COMPRESSED run @run into @out: the
+ * whole extent decompressed (the core's codec checks the payload).  Called
+ * without xp.lock, the request counted (xp_io_begin()).
+ */
+static int xp_read_compressed(const ExtreeRun *run, uint8_t *out)
+{
+    uint8_t *payload = g_malloc(run->payload_len);
+    uint8_t *buf = g_malloc(run->ext_length);
+    int ret = xp_pread_full(payload, run->payload_len, run->host);
+
+    if (ret == 0) {
+        ret = extree_decompress(run->alg, payload, run->payload_len, buf,
+                                run->ext_length);
+        if (ret == -EIO) {
+            nbdkit_error("damaged compressed extent at guest offset 0x%"
+                         PRIx64 " length 0x%" PRIx64 ": its payload at "
+                         "host offset 0x%" PRIx64 " (%u bytes) does not "
+                         "decompress to it", run->ext_guest,
+                         run->ext_length, run->host, run->payload_len);
+        }
+    }
+    if (ret == 0) {
+        memcpy(out, buf + (run->guest - run->ext_guest), run->length);
+    }
+    g_free(payload);
+    g_free(buf);
+    return ret;
+}
+
+/*
  * Up to XP_READ_BATCH runs per lock hold, then their reads without the
  * lock.  Holes and ZERO extents read as zeroes (no backing file).
  */
@@ -295,6 +326,8 @@ int xp_pread(void *handle, void *buf, uint32_t count, uint64_t offset,
 
             if (runs[i].type == EXTREE_RUN_DATA) {
                 ret = xp_pread_full(p, runs[i].length, runs[i].host);
+            } else if (runs[i].type == EXTREE_RUN_COMPRESSED) {
+                ret = xp_read_compressed(&runs[i], p);
             } else {
                 memset(p, 0, runs[i].length);
             }
@@ -795,7 +828,8 @@ int xp_extents(void *handle, uint32_t count, uint64_t offset,
         if (ret < 0) {
             break;
         }
-        type = run.type == EXTREE_RUN_DATA ? 0 :
+        type = run.type == EXTREE_RUN_DATA ||
+               run.type == EXTREE_RUN_COMPRESSED ? 0 :
                NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO;
         if (nbdkit_add_extent(extents, offset, run.length, type) < 0) {
             ret = errno ? -errno : -EIO;

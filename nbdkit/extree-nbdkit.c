@@ -219,6 +219,18 @@ static int xp_open_core(bool read_only)
                      "qemu-storage-daemon and --object secret", cfg.file);
         goto fail;
     }
+    /*
+     * Compressed extents are read (decompressed) here; a write into one
+     * rewrites it, which only QEMU's driver does
+     */
+    if (!read_only &&
+        (extree_incompat_features(xp.t) & EXTREE_INCOMPAT_COMPRESSED)) {
+        nbdkit_error("%s: the image has compressed extents, which the extree "
+                     "plugin serves read-only: add readonly=true (nbdkit "
+                     "-r), or export it writable with qemu-nbd or "
+                     "qemu-storage-daemon", cfg.file);
+        goto fail;
+    }
     xp.core_read_only = read_only;
     extree_set_corrupt_handler(xp.t, xp_corrupt_cb, NULL);
     if (extree_backing_file(xp.t)) {

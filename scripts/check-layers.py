@@ -31,7 +31,7 @@ LAYERS = [
     'extree-snap',
     'extree-check',
     'extree-file',
-    'extree-crypt',
+    ('extree-crypt', 'extree-codec'),
     'extree-io',
     'extree-snapshot',
     'extree',

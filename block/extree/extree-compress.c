@@ -92,9 +92,15 @@ static int zstd_decompress(const void *src, size_t len, void *dst,
     ZSTD_DCtx *dctx;
     size_t n;
 
-    /* exactly one frame, the whole payload */
+    /*
+     * Exactly one frame, the whole payload, that declares the extent's
+     * length and carries a content checksum (Frame_Header_Descriptor bit
+     * 2): a frame without one could decode other data with success
+     */
     n = ZSTD_findFrameCompressedSize(src, len);
-    if (ZSTD_isError(n) || n != len) {
+    if (ZSTD_isError(n) || n != len || len < 5 ||
+        !(((const uint8_t *)src)[4] & 0x04) ||
+        ZSTD_getFrameContentSize(src, len) != dst_len) {
         return -EIO;
     }
     dctx = ZSTD_createDCtx();

@@ -1125,9 +1125,9 @@ int extree_lookup(Extree *t, uint64_t guest, uint64_t bytes, ExtreeRun *runs,
 }
 
 /*
- * qemu-img check's figures: blocks of DATA, and DATA runs that do not
- * continue in the host file where the previous one ended.  One forward
- * walk: O(extents).
+ * qemu-img check's figures: blocks of DATA and COMPRESSED extents, and
+ * runs that do not continue in the host file where the previous one
+ * ended.  One forward walk: O(extents).
  */
 int extree_count_fragments(Extree *t, uint64_t *data_blocks,
                            uint64_t *fragments)
@@ -1154,6 +1154,15 @@ int extree_count_fragments(Extree *t, uint64_t *data_blocks,
                 (*fragments)++;
             }
             next_host = run.host + blocks * t->block_size;
+        } else if (run.type == EXTREE_RUN_COMPRESSED) {
+            /* guest blocks; the payload's place for fragmentation */
+            *data_blocks += EXTREE_ROUND_UP(run.length, t->block_size) /
+                            t->block_size;
+            if (next_host && run.host != next_host) {
+                (*fragments)++;
+            }
+            next_host = run.host + EXTREE_ROUND_UP(run.payload_len,
+                                                   t->block_size);
         }
         pos += run.length;
     }

@@ -395,6 +395,26 @@ static void ref_free(gpointer p)
 }
 
 /*
+ * The guest data of a COMPRESSED run's whole extent (run->ext_length
+ * bytes, g_free()), or NULL if its payload does not decompress: the
+ * driver fails such a read with -EIO, which is no violation
+ */
+static uint8_t *run_inflate(ExtreeBackend *be, const ExtreeRun *run)
+{
+    uint8_t *pay = g_malloc(run->payload_len);
+    uint8_t *out = g_malloc(run->ext_length);
+
+    if (be->ops->pread(be->opaque, run->host, pay, run->payload_len) < 0 ||
+        extree_decompress(run->alg, pay, run->payload_len, out,
+                          run->ext_length) < 0) {
+        g_free(out);
+        out = NULL;
+    }
+    g_free(pay);
+    return out;
+}
+
+/*
  * Read every sector of what @t shows now (the live image, or the
  * snapshot load_tmp chose) into @ref; false if a query fails
  */
@@ -412,9 +432,14 @@ static bool ref_read(FzRef *ref, Extree *t, ExtreeBackend *be)
     while (g < ref->vsize) {
         ExtreeRun run;
 
+        uint8_t *inflated = NULL;
+
         if (extree_cursor_query(&c, g, ref->vsize - g, EXTREE_COALESCE_HOST,
                                 &run) < 0) {
             break;
+        }
+        if (run.type == EXTREE_RUN_COMPRESSED) {
+            inflated = run_inflate(be, &run);
         }
         for (uint64_t off = 0; off < run.length; off += SECTOR) {
             uint64_t s = (g + off) / SECTOR;
@@ -427,9 +452,13 @@ static bool ref_read(FzRef *ref, Extree *t, ExtreeBackend *be)
                 be->ops->pread(be->opaque, run.host + off, sec, SECTOR) < 0) {
                 break;
             }
+            if (inflated) {
+                memcpy(sec, inflated + (g - run.ext_guest) + off, SECTOR);
+            }
             ref->crc[s] = extree_crc32c(0, sec, SECTOR);
             ref->alloc[s] = run.type != EXTREE_RUN_UNALLOC;
         }
+        g_free(inflated);
         g += run.length;
     }
     extree_cursor_release(&c);
@@ -875,8 +904,16 @@ static void check_data(FzRun *r, const ExtreeRun *run)
 {
     uint8_t sec[SECTOR];
     uint64_t s, end, off = run_sectors(run, &s, &end);
+    g_autofree uint8_t *inflated = NULL;
 
     check_status(r, run);
+    if (r->ref && run->type == EXTREE_RUN_COMPRESSED) {
+        inflated = run_inflate(r->be, run);
+        if (!inflated) {
+            /* a damaged payload: the read fails, as it must */
+            return;
+        }
+    }
     for (; r->ref && s < MIN(end, r->ref->nsec); s++, off += SECTOR) {
         uint32_t crc = r->zero_crc;
 
@@ -889,6 +926,9 @@ static void check_data(FzRun *r, const ExtreeRun *run)
                 continue;
             }
             crc = extree_crc32c(0, sec, SECTOR);
+        } else if (inflated) {
+            crc = extree_crc32c(0, inflated + (run->guest - run->ext_guest) +
+                                off, SECTOR);
         }
         if (crc != r->exp_crc[s] && !tolerated(r, run)) {
             violation(r, "sector 0x%" PRIx64 " (guest 0x%" PRIx64 ") reads "

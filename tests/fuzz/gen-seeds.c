@@ -130,6 +130,34 @@ static void gen_write(Gen *g, uint64_t blk, uint64_t blocks)
     }
 }
 
+/*
+ * COMPRESSED at [guest, +blocks) with @alg: text-like contents (so that
+ * it compresses), the payload in as many blocks as it needs
+ */
+static void gen_compressed(Gen *g, uint64_t blk, uint64_t blocks,
+                           uint32_t alg)
+{
+    uint64_t guest = blk * g->bs, bytes = blocks * g->bs, host, got;
+    uint8_t *buf = g_malloc(bytes), *pay = g_malloc0(bytes);
+    size_t plen;
+
+    for (uint64_t i = 0; i < bytes; i++) {
+        buf[i] = "extent tree leaf node "[(i / 5 + gen_rand(g) % 3) % 22];
+    }
+    must(extree_compress(alg, buf, bytes, pay, bytes - g->bs, &plen),
+         "compress");
+    must(extree_alloc_data(g->t, guest, EXTREE_ROUND_UP(plen, g->bs), &host,
+                           &got), "alloc_data");
+    if (got != EXTREE_ROUND_UP(plen, g->bs)) {
+        must(-ENOSPC, "alloc_data (contiguous payload)");
+    }
+    must(g->be->ops->pwrite(g->be->opaque, host, pay, got), "pwrite");
+    must(extree_map_compressed(g->t, guest, bytes, host, plen, alg),
+         "map_compressed");
+    g_free(buf);
+    g_free(pay);
+}
+
 static void gen_zero(Gen *g, uint64_t blk, uint64_t blocks)
 {
     must(extree_set_zero(g->t, blk * g->bs, blocks * g->bs), "set_zero");
@@ -527,6 +555,34 @@ static void seed_crypt(const char *dir)
     gen_finish(&g, dir, "crypt-512.img", 2);
 }
 
+/*
+ * Compressed-extents bit: zstd and zlib extents of 8 to 16 blocks among
+ * DATA and ZERO, two levels, a snapshot sharing them, then a punch of
+ * some (the snapshot keeps their payloads)
+ */
+static void seed_compressed(const char *dir)
+{
+    Gen g;
+
+    gen_start(&g, 2 << 20, 512, 4096, NULL, 11);
+    g.tagged = true;
+    for (int i = 0; i < 200; i++) {
+        if (i % 4 == 0) {
+            gen_compressed(&g, i * 20, 8 + i % 9,
+                           i % 8 ? EXTREE_COMPRESS_ZSTD
+                                 : EXTREE_COMPRESS_ZLIB);
+        } else if (i % 4 == 1) {
+            gen_write(&g, i * 20, 1 + i % 3);
+        } else if (i % 4 == 2) {
+            gen_zero(&g, i * 20, 2);
+        }
+    }
+    gen_commit(&g);
+    gen_snapshot(&g, "before", 0);
+    gen_punch(&g, 0, 20 * 20);
+    gen_finish(&g, dir, "compressed-512.img", 2);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -543,5 +599,6 @@ int main(int argc, char **argv)
     seed_snap_levels(argv[1]);
     seed_snap_refs(argv[1]);
     seed_crypt(argv[1]);
+    seed_compressed(argv[1]);
     return 0;
 }

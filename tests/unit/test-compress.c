@@ -9,6 +9,8 @@
  * SPDX-License-Identifier: GPL-2.0-or-later
  */
 
+#include <zstd.h>
+
 #include "core-test.h"
 
 #define BS 4096
@@ -118,6 +120,43 @@ static void test_codec_damaged(void)
         g_free(out);
         g_free(pay);
     }
+}
+
+/*
+ * A zstd frame that is well-formed but lacks the content checksum or the
+ * content size is refused: it could decode other data with success
+ */
+static void test_codec_zstd_no_checksum(void)
+{
+    uint8_t *src = g_malloc(UNIT), *out = g_malloc(UNIT);
+    size_t cap = ZSTD_compressBound(UNIT), n;
+    uint8_t *pay = g_malloc(cap);
+    ZSTD_CCtx *cctx = ZSTD_createCCtx();
+
+    fill(src, UNIT, 4);
+    /* the simple API: content size, no checksum */
+    n = ZSTD_compress(pay, cap, src, UNIT, 3);
+    g_assert_false(ZSTD_isError(n));
+    g_assert_cmpint(extree_decompress(EXTREE_COMPRESS_ZSTD, pay, n, out, UNIT),
+                    ==, -EIO);
+    /* a checksum, no content size */
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 0);
+    n = ZSTD_compress2(cctx, pay, cap, src, UNIT);
+    g_assert_false(ZSTD_isError(n));
+    g_assert_cmpint(extree_decompress(EXTREE_COMPRESS_ZSTD, pay, n, out, UNIT),
+                    ==, -EIO);
+    /* both: accepted */
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 1);
+    n = ZSTD_compress2(cctx, pay, cap, src, UNIT);
+    g_assert_false(ZSTD_isError(n));
+    g_assert_cmpint(extree_decompress(EXTREE_COMPRESS_ZSTD, pay, n, out, UNIT),
+                    ==, 0);
+    g_assert_cmpmem(src, UNIT, out, UNIT);
+    ZSTD_freeCCtx(cctx);
+    g_free(src);
+    g_free(out);
+    g_free(pay);
 }
 
 /* Write @len bytes of compressed data (seed @seed) at guest @guest */
@@ -442,6 +481,8 @@ int main(int argc, char **argv)
     g_test_add_func("/compress/codec-incompressible",
                     test_codec_incompressible);
     g_test_add_func("/compress/codec-damaged", test_codec_damaged);
+    g_test_add_func("/compress/codec-zstd-no-checksum",
+                    test_codec_zstd_no_checksum);
     g_test_add_func("/compress/map-lookup-reopen", test_map_lookup_reopen);
     g_test_add_func("/compress/never-split", test_never_split);
     g_test_add_func("/compress/map-pieces", test_map_pieces);
