@@ -116,9 +116,10 @@ typedef struct BDRVExtreeState {
     bool grow_off;
     uint32_t block_size;                /* of @t, constant while open */
     /*
-     * Compressed writes: pieces of @compress_unit bytes (one COMPRESSED
-     * extent each) compressed with @compress_alg (EXTREE_COMPRESS_*), from
-     * @t's superblock; constant while open
+     * Compressed writes: units of @compress_unit bytes (one COMPRESSED
+     * extent each: XT_COMPRESS_UNIT, or a block if larger) compressed with
+     * @compress_alg (EXTREE_COMPRESS_*, @t's compression_type); constant
+     * while open
      */
     uint32_t compress_unit, compress_alg;
     uint32_t node_size;
