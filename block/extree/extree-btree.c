@@ -580,15 +580,20 @@ static int read_all(Extree *t, ExtreeTree *tree, ExtreeNode *n,
         ExtreeNode *c;
         int ret;
 
-        if (g_hash_table_contains(seen, &child)) {
-            continue;
-        }
+        /*
+         * A node seen before is still checked against what this parent
+         * expects of it (owner, level, generation, keys), only its
+         * subtree is not walked again
+         */
         ret = get_child(t, tree, n, i, end, &c);
-        if (ret == 0) {
+        if (ret < 0) {
+            return ret;
+        }
+        if (!g_hash_table_contains(seen, &child)) {
             g_hash_table_add(seen, g_memdup2(&child, sizeof(child)));
             ret = read_all(t, tree, c, kend, seen);
-            extree_node_unref(t, c);
         }
+        extree_node_unref(t, c);
         if (ret < 0) {
             return ret;
         }
@@ -600,7 +605,9 @@ static int read_all(Extree *t, ExtreeTree *tree, ExtreeNode *n,
  * Read, and so validate, every node of @tree that is not in @seen (a set
  * of uint64_t bytenrs, g_int64_hash, keys freed with it), and add it:
  * under a node already seen the subtree is skipped, so trees that share
- * most nodes (snapshots) cost what they do not share.  O(nodes).
+ * most nodes (snapshots) cost what they do not share.  A node seen before
+ * is still checked against what this tree expects of it (a snapshot's
+ * root that names another tree's node is damage).  O(nodes).
  */
 int extree_bt_read_all(Extree *t, ExtreeTree *tree, GHashTable *seen)
 {
@@ -608,12 +615,13 @@ int extree_bt_read_all(Extree *t, ExtreeTree *tree, GHashTable *seen)
     ExtreeNode *root;
     int ret;
 
-    if (g_hash_table_contains(seen, &tree->root)) {
-        return 0;
-    }
+    /* a root seen before (as another tree's node) must still be a root */
     extree_tree_expect(t, tree, &e);
     ret = extree_node_get(t, tree->root, &e, &root);
-    if (ret < 0) {
+    if (ret < 0 || g_hash_table_contains(seen, &tree->root)) {
+        if (ret == 0) {
+            extree_node_unref(t, root);
+        }
         return ret;
     }
     g_hash_table_add(seen, g_memdup2(&tree->root, sizeof(tree->root)));
