@@ -860,9 +860,11 @@ xt_inflate(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
 /*
  * An update of guest ranges that start or end at @at (block-aligned)
  * must not split a COMPRESSED extent: one that lies across @at is
- * rewritten uncompressed first.  1 if it did that or waited (s->lock was
- * dropped: the caller looks at its range again), 0 if no extent lies
- * across @at, or -errno.  Called with s->lock held.
+ * rewritten uncompressed first.  0 if no extent lies across @at: s->lock
+ * was held throughout and the request is still counted; 1 if it rewrote
+ * one or waited (s->lock was dropped: the caller looks at its range
+ * again), or -errno, both with the count dropped.  Called with s->lock
+ * held and the request counted (xt_io_begin()).
  */
 static int coroutine_fn GRAPH_RDLOCK
 xt_unsplit_at(BDRVExtreeState *s, uint64_t at)
@@ -876,17 +878,49 @@ xt_unsplit_at(BDRVExtreeState *s, uint64_t at)
         at >= extree_virtual_size(s->t)) {
         return 0;
     }
-    xt_io_begin(s);
     extree_cursor_init(&cur, s->t);
     ret = extree_cursor_query(&cur, at, s->block_size, EXTREE_COALESCE_HOST,
                               &run);
     extree_cursor_release(&cur);
-    if (ret < 0 || run.type != EXTREE_RUN_COMPRESSED || run.ext_guest == at) {
+    if (ret < 0) {
         xt_io_end(s);
         return ret;
     }
+    if (run.type != EXTREE_RUN_COMPRESSED || run.ext_guest == at) {
+        return 0;
+    }
     ret = xt_inflate(s, &run, at, 0, NULL, 0, &done);
     return ret == 0 || ret == -EAGAIN ? 1 : ret;
+}
+
+/*
+ * Wait until no allocating write overlaps guest [@start, @end) and no
+ * COMPRESSED extent lies across either end (rewritten uncompressed if
+ * one does), and count the request (xt_io_begin()): the caller then
+ * updates the range without dropping s->lock.  Called with s->lock held;
+ * may drop and retake it.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_settle_range(BDRVExtreeState *s, uint64_t start, uint64_t end)
+{
+    for (;;) {
+        int ret;
+
+        xt_wait_alloc(s, start, end);
+        /* waits while a commit is pending, dropping the lock: look again */
+        xt_io_begin(s);
+        if (xt_find_alloc(s, start, end)) {
+            xt_io_end(s);
+            continue;
+        }
+        ret = xt_unsplit_at(s, start);
+        if (ret == 0) {
+            ret = xt_unsplit_at(s, end);
+        }
+        if (ret <= 0) {
+            return ret;
+        }
+    }
 }
 
 /* @nested: see xt_enter_nested() */
@@ -1009,21 +1043,11 @@ xt_map_payload(BDRVExtreeState *s, uint64_t offset, uint64_t len,
     if (ret < 0) {
         return ret;
     }
-    for (;;) {
-        xt_wait_alloc(s, offset, offset + len);
-        /* no COMPRESSED extent across either end (it is never split) */
-        ret = xt_unsplit_at(s, offset);
-        if (ret == 0) {
-            ret = xt_unsplit_at(s, offset + len);
-        }
-        if (ret <= 0) {
-            break;
-        }
-    }
+    /* no COMPRESSED extent across either end (it is never split) */
+    ret = xt_settle_range(s, offset, offset + len);
     if (ret < 0) {
         goto out;
     }
-    xt_io_begin(s);
     xt_grow_before(s, need);
     ret = extree_alloc_data(s->t, offset, need, &host, &got);
     if (ret == 0 && got < need) {
@@ -1220,16 +1244,12 @@ xt_update_range(BDRVExtreeState *s, uint64_t start, uint64_t end,
     assert(QEMU_IS_ALIGNED(start | end, s->block_size) && start < end);
     trace_extree_update_range(s, start, end, op);
     for (;;) {
-        xt_wait_alloc(s, start, end);
-        ret = xt_unsplit_at(s, start);
-        if (ret == 0) {
-            ret = xt_unsplit_at(s, end);
-        }
+        ret = xt_settle_range(s, start, end);
         if (ret < 0) {
             return ret;
-        } else if (ret > 0) {
-            continue;
         }
+        /* nothing below drops the lock: the count is not needed */
+        xt_io_end(s);
         xt_grow_before_nodes(s, 0);
         if (op == EXTREE_OP_ZERO) {
             ret = extree_set_zero(s->t, start, end - start);
