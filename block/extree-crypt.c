@@ -14,7 +14,6 @@
  */
 
 #include "qemu/osdep.h"
-#include "block/aio_task.h"
 #include "block/block_int.h"
 #include "block/qdict.h"
 #include "block/thread-pool.h"
@@ -352,22 +351,22 @@ xt_crypt_piece(BDRVExtreeState *s, bool write, uint64_t host, uint64_t guest,
     return ret;
 }
 
-typedef struct XtCryptPieceTask {
-    AioTask task;
+typedef struct XtCryptRw {
     BDRVExtreeState *s;
     bool write;
-    uint64_t host, guest, bytes;
+    uint64_t host, guest;
     QEMUIOVector *qiov;
     size_t qiov_offset;
-} XtCryptPieceTask;
+} XtCryptRw;
 
-/* Runs while the request that started it holds the graph lock (qcow2's) */
-static int coroutine_fn GRAPH_RDLOCK xt_crypt_piece_task(AioTask *task)
+static int coroutine_fn GRAPH_RDLOCK
+xt_crypt_rw_piece(void *opaque, uint64_t offset, uint64_t bytes)
 {
-    XtCryptPieceTask *t = container_of(task, XtCryptPieceTask, task);
+    XtCryptRw *rw = opaque;
 
-    return xt_crypt_piece(t->s, t->write, t->host, t->guest, t->bytes,
-                          t->qiov, t->qiov_offset);
+    return xt_crypt_piece(rw->s, rw->write, rw->host + offset,
+                          rw->guest + offset, bytes, rw->qiov,
+                          rw->qiov_offset + offset);
 }
 
 /*
@@ -380,38 +379,13 @@ static int coroutine_fn GRAPH_RDLOCK
 xt_crypt_rw(BDRVExtreeState *s, bool write, uint64_t host, uint64_t guest,
             uint64_t bytes, QEMUIOVector *qiov, size_t qiov_offset)
 {
-    AioTaskPool *pool;
-    int ret;
+    XtCryptRw rw = {
+        .s = s, .write = write, .host = host, .guest = guest, .qiov = qiov,
+        .qiov_offset = qiov_offset,
+    };
 
-    if (bytes <= XT_CRYPT_PIECE) {
-        return xt_crypt_piece(s, write, host, guest, bytes, qiov,
-                              qiov_offset);
-    }
-    pool = aio_task_pool_new(XT_CRYPT_WORKERS);
-    for (uint64_t o = 0; o < bytes; o += XT_CRYPT_PIECE) {
-        XtCryptPieceTask *t = g_new(XtCryptPieceTask, 1);
-
-        if (aio_task_pool_status(pool) < 0) {
-            g_free(t);
-            break;
-        }
-        *t = (XtCryptPieceTask) {
-            .task.func = xt_crypt_piece_task,
-            .s = s,
-            .write = write,
-            .host = host + o,
-            .guest = guest + o,
-            .bytes = MIN(XT_CRYPT_PIECE, bytes - o),
-            .qiov = qiov,
-            .qiov_offset = qiov_offset + o,
-        };
-        /* the pool frees the task when it is done */
-        aio_task_pool_start_task(pool, &t->task);
-    }
-    aio_task_pool_wait_all(pool);
-    ret = aio_task_pool_status(pool);
-    aio_task_pool_free(pool);
-    return ret;
+    return xt_run_pieces(bytes, XT_CRYPT_PIECE, XT_CRYPT_WORKERS,
+                         xt_crypt_rw_piece, &rw);
 }
 
 /* Read host [@host, + @bytes), which holds guest [@guest, + @bytes) */

@@ -376,3 +376,60 @@ void coroutine_mixed_fn GRAPH_RDLOCK xt_trim_file(BDRVExtreeState *s)
     trace_extree_trim_file(s, len, end, ret);
 }
 
+/* ---- Pieces of a request in parallel ---- */
+
+typedef struct XtPieceTask {
+    AioTask task;
+    XtPieceFn *fn;
+    void *opaque;
+    uint64_t offset, bytes;
+} XtPieceTask;
+
+/* Runs while the request that started it holds the graph lock (qcow2's) */
+static int coroutine_fn GRAPH_RDLOCK xt_piece_task(AioTask *task)
+{
+    XtPieceTask *t = container_of(task, XtPieceTask, task);
+
+    return t->fn(t->opaque, t->offset, t->bytes);
+}
+
+/*
+ * @fn(@opaque, offset, length) over [0, @bytes) in pieces of @piece
+ * bytes, up to @workers at once, as qcow2 runs a request's clusters: one
+ * piece's I/O overlaps another's work in the thread pool, and both cores
+ * work.  No new piece starts after one failed; the first error is
+ * returned.
+ */
+int coroutine_fn GRAPH_RDLOCK
+xt_run_pieces(uint64_t bytes, uint64_t piece, int workers, XtPieceFn *fn,
+              void *opaque)
+{
+    AioTaskPool *pool;
+    int ret;
+
+    if (bytes <= piece) {
+        return fn(opaque, 0, bytes);
+    }
+    pool = aio_task_pool_new(workers);
+    for (uint64_t o = 0; o < bytes; o += piece) {
+        XtPieceTask *t = g_new(XtPieceTask, 1);
+
+        if (aio_task_pool_status(pool) < 0) {
+            g_free(t);
+            break;
+        }
+        *t = (XtPieceTask) {
+            .task.func = xt_piece_task,
+            .fn = fn,
+            .opaque = opaque,
+            .offset = o,
+            .bytes = MIN(piece, bytes - o),
+        };
+        /* the pool frees the task when it is done */
+        aio_task_pool_start_task(pool, &t->task);
+    }
+    aio_task_pool_wait_all(pool);
+    ret = aio_task_pool_status(pool);
+    aio_task_pool_free(pool);
+    return ret;
+}

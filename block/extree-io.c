@@ -20,7 +20,6 @@
  */
 
 #include "qemu/osdep.h"
-#include "block/aio_task.h"
 #include "block/block.h"
 #include "block/block_int.h"
 #include "qapi/error.h"
@@ -1131,21 +1130,20 @@ xt_compressed_unit(BlockDriverState *bs, uint64_t offset, uint64_t bytes,
     return ret;
 }
 
-typedef struct XtCompressTask {
-    AioTask task;
+typedef struct XtCompressRw {
     BlockDriverState *bs;
-    uint64_t offset, bytes;
+    uint64_t offset;
     QEMUIOVector *qiov;
     size_t qiov_offset;
-} XtCompressTask;
+} XtCompressRw;
 
-/* Runs while the request that started it holds the graph lock */
-static int coroutine_fn GRAPH_RDLOCK xt_compress_task(AioTask *task)
+static int coroutine_fn GRAPH_RDLOCK
+xt_compress_rw_unit(void *opaque, uint64_t offset, uint64_t bytes)
 {
-    XtCompressTask *t = container_of(task, XtCompressTask, task);
+    XtCompressRw *rw = opaque;
 
-    return xt_compressed_unit(t->bs, t->offset, t->bytes, t->qiov,
-                              t->qiov_offset);
+    return xt_compressed_unit(rw->bs, rw->offset + offset, bytes, rw->qiov,
+                              rw->qiov_offset + offset);
 }
 
 /*
@@ -1163,8 +1161,9 @@ extree_co_pwritev_compressed_part(BlockDriverState *bs, int64_t offset,
     BDRVExtreeState *s = bs->opaque;
     uint64_t bsz = s->block_size;
     uint64_t vsize = qatomic_read(&s->virtual_size);
-    AioTaskPool *pool;
-    int ret;
+    XtCompressRw rw = {
+        .bs = bs, .offset = offset, .qiov = qiov, .qiov_offset = qiov_offset,
+    };
 
     if (!bytes) {
         /* qemu-img convert's end of the image: nothing is buffered */
@@ -1179,32 +1178,8 @@ extree_co_pwritev_compressed_part(BlockDriverState *bs, int64_t offset,
         (!QEMU_IS_ALIGNED(bytes, bsz) && offset + bytes != vsize)) {
         return xt_pwritev(bs, offset, bytes, qiov, qiov_offset, false);
     }
-    if (bytes <= s->compress_unit) {
-        return xt_compressed_unit(bs, offset, bytes, qiov, qiov_offset);
-    }
-    pool = aio_task_pool_new(XT_COMPRESS_WORKERS);
-    for (uint64_t o = 0; o < bytes; o += s->compress_unit) {
-        XtCompressTask *t = g_new(XtCompressTask, 1);
-
-        if (aio_task_pool_status(pool) < 0) {
-            g_free(t);
-            break;
-        }
-        *t = (XtCompressTask) {
-            .task.func = xt_compress_task,
-            .bs = bs,
-            .offset = offset + o,
-            .bytes = MIN(s->compress_unit, bytes - o),
-            .qiov = qiov,
-            .qiov_offset = qiov_offset + o,
-        };
-        /* the pool frees the task when it is done */
-        aio_task_pool_start_task(pool, &t->task);
-    }
-    aio_task_pool_wait_all(pool);
-    ret = aio_task_pool_status(pool);
-    aio_task_pool_free(pool);
-    return ret;
+    return xt_run_pieces(bytes, s->compress_unit, XT_COMPRESS_WORKERS,
+                         xt_compress_rw_unit, &rw);
 }
 
 int coroutine_fn GRAPH_RDLOCK extree_co_flush_to_os(BlockDriverState *bs)

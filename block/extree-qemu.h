@@ -213,6 +213,14 @@ typedef struct BDRVExtreeState {
 /* Buffers this small are en- or decrypted in the coroutine */
 #define XT_CRYPT_INLINE     (16 * 1024)
 
+/* ---- extree-file.c: a request's pieces in parallel ---- */
+
+typedef int coroutine_fn GRAPH_RDLOCK XtPieceFn(void *opaque, uint64_t offset,
+                                                uint64_t bytes);
+int coroutine_fn GRAPH_RDLOCK
+xt_run_pieces(uint64_t bytes, uint64_t piece, int workers, XtPieceFn *fn,
+              void *opaque);
+
 /* ---- extree-codec.c ---- */
 
 int coroutine_fn xt_compress(uint32_t alg, const void *src, size_t len,

@@ -243,8 +243,7 @@ typedef struct __attribute__((packed)) ExtreeDiskItem {
     uint64_t length;
     uint64_t host_offset;       /* DATA: host offset; ZERO: 0; FREE: = key */
     uint32_t type;              /* EXTREE_ITEM_* */
-    uint32_t flags;             /* COMPRESSED: payload length, algorithm;
-                                   other types: 0 */
+    uint32_t flags;             /* COMPRESSED: payload length, alg */
 } ExtreeDiskItem;
 
 /* Snapshot table: header, then snap_count entries */
