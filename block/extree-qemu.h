@@ -202,8 +202,8 @@ typedef struct BDRVExtreeState {
 /*
  * Compressed writes: a COMPRESSED extent holds XT_COMPRESS_UNIT bytes (or
  * a block, if larger); qemu-img writes XT_COMPRESS_CHUNK at a time
- * (bdi.cluster_size), whose units are compressed XT_COMPRESS_WORKERS at
- * once in the thread pool
+ * (bdi.compressed_cluster_size), whose units are compressed
+ * XT_COMPRESS_WORKERS at once in the thread pool
  */
 #define XT_COMPRESS_UNIT    (256 * 1024)
 #define XT_COMPRESS_CHUNK   (512 * 1024)

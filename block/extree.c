@@ -740,14 +740,14 @@ extree_co_get_info(BlockDriverState *bs, BlockDriverInfo *bdi)
 {
     BDRVExtreeState *s = bs->opaque;
 
+    bdi->cluster_size = s->block_size;
     /*
-     * The unit of compressed writes (qemu-img convert -c and rebase -c
-     * write whole clusters, backup compress=on copies them); everything
-     * else is allocated, and copied on read, in blocks
+     * What qemu-img convert -c and rebase -c write at a time
+     * (patches/qemu/0009): two compression units, one for each core
      */
-    bdi->cluster_size = MIN(MAX(XT_COMPRESS_CHUNK, s->compress_unit),
-                            EXTREE_COMPRESSED_MAX);
-    bdi->subcluster_size = s->block_size;
+    bdi->compressed_cluster_size = MIN(MAX(XT_COMPRESS_CHUNK,
+                                           s->compress_unit),
+                                       EXTREE_COMPRESSED_MAX);
     bdi->is_dirty = false;
     return 0;
 }
