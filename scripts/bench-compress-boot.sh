@@ -7,7 +7,7 @@
 # TCG (FIELD-NOTES: no KVM for Linux guests here).  A boot passes when
 # the serial console shows systemd reaching "System Power Off" and the
 # kernel powering down, and qemu-img check of the image afterwards is
-# clean.  Each boot runs on a fresh copy of the converted image (a boot
+# clean (raw has no check).  Each boot runs on a fresh copy of the converted image (a boot
 # writes: the journal, systemd's state); formats alternate, RUNS rounds,
 # median wall time of each.
 #
@@ -55,7 +55,9 @@ boot() {
     end=$(date +%s.%N)
     grep -q "System Power Off" "$log" && grep -q "reboot: Power down" "$log" ||
         die "$fmt: no clean power-off on the console (log $log)"
-    "$qimg" check -f "$fmt" "$copy" >/dev/null || die "$fmt: check failed after the boot"
+    if [ "$fmt" != raw ]; then
+        "$qimg" check -f "$fmt" "$copy" >/dev/null || die "$fmt: check failed after the boot"
+    fi
     rm -f "$copy"
     echo "$end - $start" | bc
 }
