@@ -130,8 +130,9 @@ static int drop_live_data(Extree *t, uint64_t guest, uint64_t host,
 static int drop_live_compressed(Extree *t, const ExtreeItem *it)
 {
     uint64_t hbytes = extree_item_host_bytes(it, t->block_size);
+    bool counted = extree_refs_all_shared(t, it->host, hbytes);
 
-    for (unsigned i = 0; t->snaps && i < t->snaps->len; i++) {
+    for (unsigned i = 0; !counted && t->snaps && i < t->snaps->len; i++) {
         const ExtreeSnap *sn = &g_array_index(t->snaps, ExtreeSnap, i);
         ExtreeTree tree;
         ExtreeProbe pr = { .tree = &tree };
@@ -139,9 +140,6 @@ static int drop_live_compressed(Extree *t, const ExtreeItem *it)
         ExtreeItem x = { 0 };
         int ret, slot;
 
-        if (extree_refs_all_shared(t, it->host, hbytes)) {
-            break;
-        }
         extree_snap_tree(t, sn, &tree);
         ret = extree_bt_probe(t, &pr, it->key, 0, &leaf);
         if (ret == 0) {

@@ -1061,16 +1061,25 @@ int extree_map_compressed(Extree *t, uint64_t guest, uint64_t bytes,
 {
     ExtreeItem it = { guest, bytes, host, EXTREE_ITEM_COMPRESSED,
                       payload_len | (alg << EXTREE_COMPRESSED_ALG_SHIFT) };
+    bool first = !(t->incompat & EXTREE_INCOMPAT_COMPRESSED);
+    int ret;
 
     if (payload_len > EXTREE_COMPRESSED_LEN_MASK || alg > UINT8_MAX) {
         return -EINVAL;
     }
-    if (!(t->incompat & EXTREE_INCOMPAT_COMPRESSED)) {
-        /* in the commit that writes the first one (and then stays) */
-        t->incompat |= EXTREE_INCOMPAT_COMPRESSED;
+    /*
+     * Set before the update (a leaf holding the item, read back, must
+     * validate), in the commit that writes the first one; a refused
+     * update leaves the image as it was
+     */
+    t->incompat |= EXTREE_INCOMPAT_COMPRESSED;
+    ret = extree_extent_update(t, &it, guest, bytes);
+    if (first && ret < 0 && !t->broken) {
+        t->incompat &= ~EXTREE_INCOMPAT_COMPRESSED;
+    } else if (first) {
         t->super_dirty = true;
     }
-    return update_done(t, extree_extent_update(t, &it, guest, bytes));
+    return update_done(t, ret);
 }
 
 int extree_map_data_pieces(Extree *t, uint64_t guest, const uint64_t *host,

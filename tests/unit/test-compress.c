@@ -395,6 +395,8 @@ static void test_map_bad_args(void)
                                           EXTREE_COMPRESS_ZSTD), ==, -EINVAL);
     g_assert_cmpint(extree_free_data(t, host, got), ==, 0);
     g_assert_false(extree_is_broken(t));
+    /* refused first maps leave no compressed bit behind */
+    g_assert_false(extree_incompat_features(t) & EXTREE_INCOMPAT_COMPRESSED);
     ct_check_clean(t, NULL);
     extree_close(t);
     extree_mem_backend_free(be);
