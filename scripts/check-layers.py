@@ -25,6 +25,7 @@ LAYERS = [
     'extree-reftree',
     'extree-freetree',
     'extree-spacemap',
+    'extree-bitmap',
     'extree-extent',
     ('extree-super', 'extree-snaptab'),
     'extree-txn',

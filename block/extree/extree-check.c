@@ -22,7 +22,7 @@
 
 enum {
     CLAIM_EXTENT_NODE, CLAIM_FREE_NODE, CLAIM_DATA, CLAIM_FREE,
-    CLAIM_REF_NODE, CLAIM_SNAP_TABLE,
+    CLAIM_REF_NODE, CLAIM_SNAP_TABLE, CLAIM_BITMAP,
 };
 
 /*
@@ -371,6 +371,31 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
  * counted, not walked again), its items and bytes compared with its
  * entry; the table's blocks claimed
  */
+/*
+ * The bitmap directory and chunks: validated when the handle opened
+ * (extree_bitmaps_load()); here their blocks are claimed
+ */
+static void check_bitmaps(CheckCtx *c)
+{
+    Extree *t = c->t;
+    uint64_t len = EXTREE_ROUND_UP(t->bitmap_dir_len, t->block_size);
+
+    if (t->bitmap_dir) {
+        claim(c, t->bitmap_dir, len, 0, CLAIM_BITMAP);
+        c->res->metadata_bytes += len;
+    }
+    for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+
+        for (uint64_t ch = 0; ch < bm->nchunks; ch++) {
+            if (bm->chunk_off[ch]) {
+                claim(c, bm->chunk_off[ch], t->block_size, ch, CLAIM_BITMAP);
+                c->res->metadata_bytes += t->block_size;
+            }
+        }
+    }
+}
+
 static void check_snapshots(CheckCtx *c)
 {
     Extree *t = c->t;
@@ -560,6 +585,9 @@ static const char *claim_name(const Claim *cl, char *buf, size_t size)
         break;
     case CLAIM_SNAP_TABLE:
         g_snprintf(buf, size, "snapshot table");
+        break;
+    case CLAIM_BITMAP:
+        g_snprintf(buf, size, "bitmap directory or chunk");
         break;
     default:
         g_snprintf(buf, size, "free space");
@@ -794,6 +822,7 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
             res->extents = items;
         }
     }
+    check_bitmaps(&c);
     if (extree_has_refs(t)) {
         check_snapshots(&c);
         check_counts(&c);

@@ -215,6 +215,9 @@ static int replace(Extree *t, const ExtreeItem *it, uint64_t guest,
     if (ret < 0) {
         t->broken = true;
         t->broken_nospace = ret == -ENOSPC;
+    } else {
+        /* the live tree's mapping changed: in this transaction's marks */
+        extree_bitmaps_mark(t, guest, bytes);
     }
     return ret;
 }

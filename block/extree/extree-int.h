@@ -384,6 +384,25 @@ typedef int ExtreeRemovedFn(void *opaque, const ExtreeItem *piece);
          owner++)
 
 /* A snapshot table entry, CPU side (ExtreeDiskSnapEntry) */
+/*
+ * A persistent dirty bitmap (extree-bitmap.c).  @bits and @cbits are
+ * @nchunks blocks each, in the on-disk order (granule g: bit g % 8 of
+ * byte g / 8).
+ */
+typedef struct ExtreeBitmap {
+    char *name;
+    uint32_t gran_bits;         /* log2 of the granularity */
+    bool enabled;
+    uint64_t ngran;             /* granules: virtual size / granularity, up */
+    uint64_t nchunks;
+    uint8_t *bits;              /* the content, as the next commit stores it */
+    uint8_t *cbits;             /* the committed content */
+    uint64_t *chunk_off;        /* where each chunk lies, 0: all clear */
+    uint32_t *chunk_csum;
+    /* clean, changed in memory, or given new space by this commit */
+    uint8_t *chunk_state;
+} ExtreeBitmap;
+
 typedef struct ExtreeSnap {
     uint64_t root, root_gen;
     unsigned level;
@@ -679,6 +698,20 @@ struct Extree {
     bool snaps_dirty;
     uint64_t snap_gen;
     /*
+     * Persistent dirty bitmaps (EXTREE_INCOMPAT_BITMAPS, extree-bitmap.c):
+     * the ExtreeBitmap pointers, in directory order; where the committed
+     * directory lies (@bitmap_dir_len bytes in use); whether this
+     * transaction writes a new one; how many bitmaps are enabled; the
+     * guest ranges this transaction changed (ExtreeRange: start, len),
+     * marked in the enabled bitmaps, for extree_bitmap_sync()
+     */
+    GPtrArray *bitmaps;
+    uint64_t bitmap_dir;
+    uint32_t bitmap_dir_len;
+    bool bitmaps_dirty;
+    unsigned bitmaps_enabled;
+    GArray *bitmap_marks;
+    /*
      * The superblock's snap_generation is not above every snapshot's
      * generation (@snap_gen_stored): shared nodes would look unshared.
      * Only a read-only or checker's handle opens so, with @snap_gen
@@ -967,6 +1000,9 @@ typedef struct ExtreeSuper {
     uint32_t crypt_method;
     uint64_t crypt_header_offset, crypt_header_length;
     uint32_t compression_type;
+    /* with EXTREE_INCOMPAT_BITMAPS; 0 without */
+    uint64_t bitmap_dir;
+    uint32_t bitmap_dir_len, bitmap_count;
     char backing_file[EXTREE_BACKING_FILE_MAX + 1];
     char backing_fmt[EXTREE_BACKING_FMT_MAX + 1];
 } ExtreeSuper;
@@ -1048,6 +1084,16 @@ int extree_sb_read(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
 
 /* extree-snaptab.c */
 int extree_snap_table_load(Extree *t, const ExtreeSuper *sb);
+
+/* extree-bitmap.c */
+int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb);
+void extree_bitmaps_free(Extree *t);
+void extree_bitmaps_mark(Extree *t, uint64_t guest, uint64_t bytes);
+int extree_bitmaps_resize_ok(Extree *t, uint64_t size);
+int extree_bitmaps_resize(Extree *t, uint64_t size);
+int extree_bitmaps_prepare(Extree *t);
+int extree_bitmaps_write(Extree *t);
+void extree_bitmaps_commit_done(Extree *t);
 uint8_t *extree_snap_table_encode(Extree *t, uint64_t *len);
 int extree_snap_table_moved(Extree *t);
 

@@ -380,15 +380,23 @@ int extree_snapshot_goto(Extree *t, unsigned index)
     }
     sn = &g_array_index(t->snaps, ExtreeSnap, index);
     ret = snap_root_check(t, sn);
+    if (ret == 0) {
+        ret = extree_bitmaps_resize_ok(t, sn->virtual_size);
+    }
     if (ret < 0) {
         return ret;
     }
     /* first the new reference: the old live root may be the same node */
     ret = t->sm.ops->inc_ref(t->sm.opaque, sn->root, t->node_size);
     if (ret == 0) {
+        ret = extree_bitmaps_resize(t, sn->virtual_size);
+    }
+    if (ret == 0) {
         old = *et;
         extree_snap_tree(t, sn, et);
         t->virtual_size = sn->virtual_size;
+        /* the whole disk may have changed: as if written */
+        extree_bitmaps_mark(t, 0, t->virtual_size);
         t->snap_gen = t->trans_gen;
         t->super_dirty = true;
         /* every snapshot stays, the one reverted to among them */

@@ -72,6 +72,9 @@ void extree_sb_encode(const ExtreeSuper *s, uint8_t *buf)
     ext_st64(buf + SB_OFF(crypt_header_offset), s->crypt_header_offset);
     ext_st64(buf + SB_OFF(crypt_header_length), s->crypt_header_length);
     ext_st32(buf + SB_OFF(compression_type), s->compression_type);
+    ext_st64(buf + SB_OFF(bitmap_dir_offset), s->bitmap_dir);
+    ext_st32(buf + SB_OFF(bitmap_dir_length), s->bitmap_dir_len);
+    ext_st32(buf + SB_OFF(bitmap_count), s->bitmap_count);
     buf[SB_OFF(backing_file_len)] = flen & 0xff;
     buf[SB_OFF(backing_file_len) + 1] = flen >> 8;
     buf[SB_OFF(backing_fmt_len)] = mlen & 0xff;
@@ -195,6 +198,9 @@ int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     s->crypt_header_offset = ext_ld64(buf + SB_OFF(crypt_header_offset));
     s->crypt_header_length = ext_ld64(buf + SB_OFF(crypt_header_length));
     s->compression_type = ext_ld32(buf + SB_OFF(compression_type));
+    s->bitmap_dir = ext_ld64(buf + SB_OFF(bitmap_dir_offset));
+    s->bitmap_dir_len = ext_ld32(buf + SB_OFF(bitmap_dir_length));
+    s->bitmap_count = ext_ld32(buf + SB_OFF(bitmap_count));
     flen = buf[SB_OFF(backing_file_len)] |
            (buf[SB_OFF(backing_file_len) + 1] << 8);
     mlen = buf[SB_OFF(backing_fmt_len)] |
@@ -275,6 +281,26 @@ int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
                                s->snap_table, s->snap_count, s->snap_gen);
         return -EINVAL;
     }
+    if (!(s->incompat & EXTREE_INCOMPAT_BITMAPS) &&
+        (s->bitmap_dir || s->bitmap_dir_len || s->bitmap_count)) {
+        *why = g_strdup("bitmap fields set without the bitmaps feature");
+        return -EINVAL;
+    }
+    if ((s->bitmap_count == 0) != (s->bitmap_dir == 0) ||
+        (s->bitmap_count == 0) != (s->bitmap_dir_len == 0) ||
+        s->bitmap_count > EXTREE_MAX_BITMAPS ||
+        (s->bitmap_dir &&
+         (!EXTREE_IS_ALIGNED(s->bitmap_dir, s->block_size) ||
+          s->bitmap_dir < data_start || s->bitmap_dir >= s->host_end ||
+          s->bitmap_dir_len < sizeof(ExtreeDiskBitmapHeader) ||
+          s->bitmap_dir_len > EXTREE_BITMAP_DIR_MAX ||
+          s->host_end - s->bitmap_dir <
+          EXTREE_ROUND_UP(s->bitmap_dir_len, s->block_size)))) {
+        *why = g_strdup_printf("bad bitmap directory, have offset 0x%" PRIx64
+                               " length %u count %u", s->bitmap_dir,
+                               s->bitmap_dir_len, s->bitmap_count);
+        return -EINVAL;
+    }
     for (uint32_t o = EXTREE_TREE_EXTENT;
          o <= (snaps ? EXTREE_TREE_REFS : EXTREE_TREE_FREE); o++) {
         if (!EXTREE_IS_ALIGNED(s->root[o], s->block_size) ||
@@ -349,6 +375,9 @@ void extree_sb_from_tree(Extree *t, ExtreeSuper *s)
     s->crypt_header_offset = t->crypt_header_offset;
     s->crypt_header_length = t->crypt_header_length;
     s->compression_type = t->compression_type;
+    s->bitmap_dir = t->bitmap_dir;
+    s->bitmap_dir_len = t->bitmap_dir_len;
+    s->bitmap_count = t->bitmaps ? t->bitmaps->len : 0;
     if (extree_has_refs(t)) {
         ExtreeTree *rt = &t->trees[EXTREE_TREE_REFS];
 

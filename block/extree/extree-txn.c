@@ -410,6 +410,9 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
     if (ret == 0) {
         ret = check_snap_gen(t, o);
     }
+    if (ret == 0) {
+        ret = extree_bitmaps_load(t, sb);
+    }
     if (ret == 0 && !t->read_only) {
         extree_refs_init(t);
         ret = extree_freetree_load(t, sb->free_bytes, t->repair);
@@ -531,6 +534,7 @@ void extree_close(Extree *t)
     if (t->snaps) {
         g_array_free(t->snaps, true);
     }
+    extree_bitmaps_free(t);
     g_free(t->backing_file);
     g_free(t->backing_fmt);
     g_free(t->csb);
@@ -594,6 +598,7 @@ int extree_rollback(Extree *t)
     t->snap_gen = 0;
     t->snap_table = t->snap_table_len = 0;
     t->snaps_dirty = false;
+    extree_bitmaps_free(t);
     t->broken = t->broken_nospace = false;
     t->stats.rollbacks++;
 
@@ -698,7 +703,10 @@ int extree_commit(Extree *t)
      *    area (extree_sm_commit()).  A failure here leaves the trees
      *    half-synced: give up on them.
      */
-    ret = extree_sm_commit(&t->space);
+    ret = extree_bitmaps_prepare(t);
+    if (ret == 0) {
+        ret = extree_sm_commit(&t->space);
+    }
     if (ret < 0) {
         t->broken = true;
         t->broken_nospace = ret == -ENOSPC;
@@ -724,6 +732,9 @@ int extree_commit(Extree *t)
 
         ret = t->be->ops->pwrite(t->be->opaque, t->snap_table, buf, len);
         g_free(buf);
+    }
+    if (ret == 0) {
+        ret = extree_bitmaps_write(t);
     }
     if (ret == -ENOSPC && learn_host_limit(t)) {
         /*
@@ -763,6 +774,7 @@ int extree_commit(Extree *t)
     freed = g_array_new(false, false, sizeof(ExtreeAllocOp));
     extree_sm_commit_done(&t->space, freed);
     extree_node_commit_done(t);
+    extree_bitmaps_commit_done(t);
     *t->csb = s;
     t->sb_host_end = s.host_end;
     t->generation = t->trans_gen;
@@ -989,6 +1001,10 @@ int extree_set_virtual_size(Extree *t, uint64_t size)
                               EXTREE_MAX_VIRTUAL_SIZE)) {
         return -EINVAL;
     }
+    ret = extree_bitmaps_resize_ok(t, size);
+    if (ret < 0) {
+        return ret;
+    }
     if (new_end < old_end) {
         ExtreeItem none = { 0 };
         ret = extree_extent_update(t, &none, new_end, old_end - new_end);
@@ -1017,6 +1033,10 @@ int extree_set_virtual_size(Extree *t, uint64_t size)
                                   "beyond the virtual size 0x%" PRIx64,
                                   old_end);
         }
+    }
+    ret = extree_bitmaps_resize(t, size);
+    if (ret < 0) {
+        return ret;
     }
     t->virtual_size = size;
     t->trees[EXTREE_TREE_EXTENT].data_end = new_end;

@@ -614,6 +614,63 @@ int extree_vmstate_read(Extree *t, uint64_t pos, void *buf, uint64_t bytes);
 int extree_data_shared(Extree *t, uint64_t guest, uint64_t bytes,
                        uint64_t host, bool *shared);
 
+/* ---- Persistent dirty bitmaps (EXTREE_INCOMPAT_BITMAPS) ---- */
+
+/*
+ * A bitmap marks the granules whose content changed since it was created
+ * or last cleared; the core marks every change of the live tree's mapping
+ * (writes to new space, zeroes, discards, shrinking, reverting) in the
+ * enabled bitmaps, in the transaction that makes it, and commits the bits
+ * with it.  Writes in place change no mapping: the caller asks
+ * extree_bitmaps_in_place() first, and writes to new space where it says
+ * no.  The content of a bitmap is an array of bytes, granule g in bit
+ * g % 8 of byte g / 8 (QEMU's serialization of an HBitmap), of
+ * extree_bitmap_bytes() bytes.
+ */
+typedef struct ExtreeBitmapInfo {
+    const char *name;           /* valid until the bitmap is removed */
+    uint64_t granularity;
+    bool enabled;
+    uint64_t dirty_granules;
+} ExtreeBitmapInfo;
+
+unsigned extree_bitmap_count(Extree *t);
+/* Index of the bitmap named @name, or -ENOENT */
+int extree_bitmap_find(Extree *t, const char *name);
+int extree_bitmap_info(Extree *t, unsigned i, ExtreeBitmapInfo *info);
+/*
+ * Could a bitmap @name of @granularity be added?  0, or -errno with *@why
+ * (g_malloc'd): read-only, name empty or longer than 1023 bytes, a
+ * granularity that is not a power of two from the block size to 2 GiB,
+ * the name taken, too many bitmaps
+ */
+int extree_bitmap_check_new(Extree *t, const char *name, uint64_t granularity,
+                            char **why);
+/* A new bitmap, all clear; sets EXTREE_INCOMPAT_BITMAPS */
+int extree_bitmap_add(Extree *t, const char *name, uint64_t granularity,
+                      bool enabled);
+int extree_bitmap_remove(Extree *t, const char *name);
+uint64_t extree_bitmap_bytes(Extree *t, unsigned i);
+void extree_bitmap_read(Extree *t, unsigned i, uint8_t *buf);
+/*
+ * The bitmap's content becomes @buf (extree_bitmap_bytes() bytes), plus
+ * its own if @keep, plus, if @enabled, what this transaction changed (its
+ * requests may not have told the caller yet); @enabled becomes its state.
+ * What a caller that keeps its own copy of the bits (QEMU's) calls before
+ * each commit, so that a clear, merge or disable made there is committed.
+ */
+int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
+                       bool enabled, bool keep);
+/*
+ * May guest [guest, + bytes) be written in place as far as the bitmaps are
+ * concerned?  Only if every enabled bitmap has all its granules set, both
+ * committed and in this transaction.  O(bitmaps + granules).
+ */
+bool extree_bitmaps_in_place(Extree *t, uint64_t guest, uint64_t bytes);
+/* Upper bound of the bytes a bitmap takes (qemu-img measure) */
+uint64_t extree_bitmap_meta_bytes(uint64_t virtual_size, uint32_t block_size,
+                                  size_t name_len, uint64_t granularity);
+
 /* ---- Checker ---- */
 
 typedef struct ExtreeCheckResult {

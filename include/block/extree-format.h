@@ -93,9 +93,18 @@
 #define EXTREE_INCOMPAT_COMPRESSED_BITNR 3
 #define EXTREE_INCOMPAT_COMPRESSED \
     (1ULL << EXTREE_INCOMPAT_COMPRESSED_BITNR)
+/*
+ * EXTREE_INCOMPAT_BITMAPS: persistent dirty bitmaps (bitmap directory); a
+ * writer that does not know them would change data without marking it,
+ * and would not know the bitmaps' blocks are in use
+ */
+#define EXTREE_INCOMPAT_BITMAPS_BITNR   4
+#define EXTREE_INCOMPAT_BITMAPS \
+    (1ULL << EXTREE_INCOMPAT_BITMAPS_BITNR)
 #define EXTREE_INCOMPAT_MASK \
     (EXTREE_INCOMPAT_CORRUPT | EXTREE_INCOMPAT_SNAPSHOTS | \
-     EXTREE_INCOMPAT_ENCRYPTED | EXTREE_INCOMPAT_COMPRESSED)
+     EXTREE_INCOMPAT_ENCRYPTED | EXTREE_INCOMPAT_COMPRESSED | \
+     EXTREE_INCOMPAT_BITMAPS)
 
 /* Compatible features: none defined; unknown bits are ignored */
 #define EXTREE_COMPAT_MASK              0ULL
@@ -176,7 +185,10 @@ typedef struct __attribute__((packed)) ExtreeDiskSuper {
     uint64_t crypt_header_length; /* 224: encryption bit: bytes */
     uint32_t compression_type;  /*  232: EXTREE_COMPRESS_* new ones use */
     uint32_t reserved7;         /*  236 */
-    uint8_t reserved2[1024 - 240];
+    uint64_t bitmap_dir_offset; /*  240: bitmaps bit: the directory */
+    uint32_t bitmap_dir_length; /*  248: bytes of it in use */
+    uint32_t bitmap_count;      /*  252 */
+    uint8_t reserved2[1024 - 256];
     char backing_fmt[32];       /* 1024 */
     uint8_t reserved3[2048 - 1056];
     char backing_file[1024];    /* 2048 */
@@ -277,6 +289,48 @@ typedef struct __attribute__((packed)) ExtreeDiskSnapEntry {
     char name[256];             /* 256 */
 } ExtreeDiskSnapEntry;
 
+/*
+ * Bitmaps bit: the bitmap directory, a header and bitmap_count entries of
+ * variable length (ExtreeDiskBitmapEntry, the name padded to 8 bytes,
+ * then the chunk table: nr_chunks ExtreeDiskBitmapChunk).  A chunk is one
+ * block of bits: granule g is bit g % 8 of byte g / 8 of the bitmap.
+ */
+#define EXTREE_BITMAP_MAGIC     0x4d425458U     /* "XTBM" */
+#define EXTREE_MAX_BITMAPS      65535
+#define EXTREE_BITMAP_NAME_MAX  1023
+#define EXTREE_BITMAP_GRAN_MAX_BITS 31          /* 2 GiB, as qcow2 */
+#define EXTREE_BITMAP_DIR_MAX   (64 * 1024 * 1024)
+#define EXTREE_BITMAP_ENABLED   1U              /* entry flags */
+
+typedef struct __attribute__((packed)) ExtreeDiskBitmapHeader {
+    uint32_t magic;             /*  0: EXTREE_BITMAP_MAGIC */
+    uint32_t csum;              /*  4: crc32c of the length bytes, this 0 */
+    uint32_t count;             /*  8: = bitmap_count */
+    uint32_t length;            /* 12: = bitmap_dir_length */
+    uint8_t reserved[48];       /* 16 */
+} ExtreeDiskBitmapHeader;
+
+typedef struct __attribute__((packed)) ExtreeDiskBitmapEntry {
+    uint16_t name_len;          /*  0: 1 .. EXTREE_BITMAP_NAME_MAX */
+    uint8_t granularity_bits;   /*  2: log2(granularity) */
+    uint8_t flags;              /*  3: EXTREE_BITMAP_ENABLED */
+    uint32_t reserved0;         /*  4 */
+    uint64_t dirty_granules;    /*  8: bits set */
+    uint32_t nr_chunks;         /* 16 */
+    uint32_t reserved1;         /* 20 */
+    /* 24: name, zero-padded to a multiple of 8; then the chunk table */
+} ExtreeDiskBitmapEntry;
+
+typedef struct __attribute__((packed)) ExtreeDiskBitmapChunk {
+    uint64_t offset;            /* host offset of the block, 0: all clear */
+    uint32_t csum;              /* crc32c of the block; 0 if offset is 0 */
+    uint32_t reserved;
+} ExtreeDiskBitmapChunk;
+
+_Static_assert(sizeof(ExtreeDiskBitmapHeader) == 64, "bitmap header");
+_Static_assert(sizeof(ExtreeDiskBitmapEntry) == 24, "bitmap entry");
+_Static_assert(sizeof(ExtreeDiskBitmapChunk) == 16, "bitmap chunk");
+
 #define EXTREE_NODE_HEADER_SIZE sizeof(ExtreeDiskNodeHeader)
 #define EXTREE_LEAF_CAPACITY(node_size) \
     (((node_size) - EXTREE_NODE_HEADER_SIZE) / sizeof(ExtreeDiskItem))
@@ -306,7 +360,9 @@ _Static_assert(__builtin_offsetof(ExtreeDiskSuper, crypt_header_length) ==
                224, "sb");
 _Static_assert(__builtin_offsetof(ExtreeDiskSuper, compression_type) == 232,
                "sb");
-_Static_assert(__builtin_offsetof(ExtreeDiskSuper, reserved2) == 240, "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, bitmap_dir_offset) == 240,
+               "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, reserved2) == 256, "sb");
 _Static_assert(sizeof(ExtreeDiskSnapHeader) == 64, "snapshot table header");
 _Static_assert(sizeof(ExtreeDiskSnapEntry) == EXTREE_SNAP_ENTRY_SIZE,
                "snapshot entry");

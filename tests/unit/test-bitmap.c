@@ -1,0 +1,421 @@
+/*
+ * Unit tests of the core's persistent dirty bitmaps (extree-bitmap.c)
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "core-test.h"
+
+#define BS      4096u
+#define NS      4096u
+#define VSIZE   (64ull << 20)
+#define G64K    (64ull << 10)
+
+static uint8_t *bits_of(Extree *t, const char *name, uint64_t *len)
+{
+    int i = extree_bitmap_find(t, name);
+    uint8_t *buf;
+
+    g_assert_cmpint(i, >=, 0);
+    *len = extree_bitmap_bytes(t, i);
+    buf = g_malloc(*len);
+    extree_bitmap_read(t, i, buf);
+    return buf;
+}
+
+/* Is granule @g set in @name? */
+static bool granule_set(Extree *t, const char *name, uint64_t g)
+{
+    uint64_t len;
+    uint8_t *b = bits_of(t, name, &len);
+    bool set = g / 8 < len && (b[g / 8] & (1 << (g % 8)));
+
+    g_free(b);
+    return set;
+}
+
+static uint64_t dirty(Extree *t, const char *name)
+{
+    ExtreeBitmapInfo info;
+
+    g_assert_cmpint(extree_bitmap_info(t, extree_bitmap_find(t, name),
+                                       &info), ==, 0);
+    return info.dirty_granules;
+}
+
+/* Granules set, as a string of indexes, for exact comparisons */
+static char *set_list(Extree *t, const char *name)
+{
+    GString *s = g_string_new("");
+    uint64_t len;
+    uint8_t *b = bits_of(t, name, &len);
+
+    for (uint64_t g = 0; g < len * 8; g++) {
+        if (b[g / 8] & (1 << (g % 8))) {
+            g_string_append_printf(s, "%s%" PRIu64, s->len ? "," : "", g);
+        }
+    }
+    g_free(b);
+    return g_string_free(s, false);
+}
+
+static void assert_set(Extree *t, const char *name, const char *want)
+{
+    char *have = set_list(t, name);
+
+    g_assert_cmpstr(have, ==, want);
+    g_free(have);
+}
+
+/* Add, write, commit, reopen: exactly the written granules, and only in
+ * the enabled bitmap; the image checks clean */
+static void test_marks_persist(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeBitmapInfo info;
+
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    g_assert_cmpint(extree_bitmap_add(t, "off", 2 * G64K, false), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_write(t, 0, BS);                         /* granule 0 */
+    ct_write(t, 3 * G64K - BS, 2 * BS);         /* granules 2, 3 */
+    g_assert_cmpint(extree_set_zero(t, 10 * G64K, G64K), ==, 0);
+    g_assert_cmpint(extree_punch(t, 20 * G64K + BS, BS), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    assert_set(t, "b0", "0,2,3,10,20");
+    g_assert_cmpuint(dirty(t, "off"), ==, 0);
+    extree_close(t);
+
+    t = ct_open(be);
+    g_assert_cmpuint(extree_bitmap_count(t), ==, 2);
+    g_assert_cmpint(extree_bitmap_info(t, 0, &info), ==, 0);
+    g_assert_cmpstr(info.name, ==, "b0");
+    g_assert_cmpuint(info.granularity, ==, G64K);
+    g_assert_true(info.enabled);
+    g_assert_cmpuint(info.dirty_granules, ==, 5);
+    g_assert_cmpint(extree_bitmap_info(t, 1, &info), ==, 0);
+    g_assert_cmpstr(info.name, ==, "off");
+    g_assert_false(info.enabled);
+    assert_set(t, "b0", "0,2,3,10,20");
+    g_assert_cmpuint(dirty(t, "off"), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/* Uncommitted marks are gone after a crash, with the changes they mark */
+static void test_crash_drops_both(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeRun run;
+
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    ct_write(t, 0, BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_write(t, 5 * G64K, BS);
+    assert_set(t, "b0", "0,5");
+    extree_close(t);                    /* no commit: a crash */
+
+    t = ct_open(be);
+    assert_set(t, "b0", "0");
+    g_assert_cmpint(ct_lookup1(t, 5 * G64K, &run), ==, 0);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_UNALLOC);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/*
+ * In place only where every enabled bitmap has the granules set, committed
+ * and pending; a disabled bitmap does not matter
+ */
+static void test_in_place_rule(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    uint64_t len;
+    uint8_t *zero;
+
+    ct_write(t, 0, 4 * G64K);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_true(extree_bitmaps_in_place(t, 0, BS));
+    g_assert_cmpint(extree_bitmap_add(t, "off", G64K, false), ==, 0);
+    g_assert_true(extree_bitmaps_in_place(t, 0, BS));
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    g_assert_false(extree_bitmaps_in_place(t, 0, BS));
+    /* marked in this transaction: not yet */
+    ct_write(t, 0, BS);
+    g_assert_false(extree_bitmaps_in_place(t, 0, BS));
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_true(extree_bitmaps_in_place(t, 0, BS));
+    g_assert_true(extree_bitmaps_in_place(t, G64K - BS, BS));
+    g_assert_false(extree_bitmaps_in_place(t, G64K - BS, 2 * BS));
+    /* cleared (a sync from an all-clear copy): not in place again */
+    zero = g_malloc0(extree_bitmap_bytes(t, 1));
+    g_assert_cmpint(extree_bitmap_sync(t, 1, zero, true, false), ==, 0);
+    g_assert_false(extree_bitmaps_in_place(t, 0, BS));
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_false(extree_bitmaps_in_place(t, 0, BS));
+    g_assert_cmpuint(dirty(t, "b0"), ==, 0);
+    g_free(zero);
+    /* disabled: no marks, no constraint */
+    zero = bits_of(t, "b0", &len);
+    g_assert_cmpint(extree_bitmap_sync(t, 1, zero, false, false), ==, 0);
+    g_assert_true(extree_bitmaps_in_place(t, 0, BS));
+    ct_write(t, G64K, BS);
+    g_assert_cmpuint(dirty(t, "b0"), ==, 0);
+    g_free(zero);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/*
+ * A sync takes the caller's bits plus this transaction's changes (their
+ * requests may not have returned); @keep keeps the bitmap's own
+ */
+static void test_sync(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    uint64_t n;
+    uint8_t *buf;
+
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    ct_write(t, 0, BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_write(t, 7 * G64K, BS);
+    n = extree_bitmap_bytes(t, 0);
+    g_assert_cmpuint(n, ==, VSIZE / G64K / 8);
+    buf = g_malloc0(n);
+    buf[0] = 0x20;                              /* granule 5 */
+    g_assert_cmpint(extree_bitmap_sync(t, 0, buf, true, false), ==, 0);
+    assert_set(t, "b0", "5,7");
+    buf[0] = 0x02;                              /* granule 1 */
+    g_assert_cmpint(extree_bitmap_sync(t, 0, buf, true, true), ==, 0);
+    assert_set(t, "b0", "1,5,7");
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    t = ct_open(be);
+    assert_set(t, "b0", "1,5,7");
+    /* bits past the end of the disk never get in */
+    memset(buf, 0xff, n);
+    g_assert_cmpint(extree_bitmap_sync(t, 0, buf, true, false), ==, 0);
+    g_assert_cmpuint(dirty(t, "b0"), ==, VSIZE / G64K);
+    g_assert_cmpint(extree_bitmap_sync(t, 5, buf, true, false), ==, -ENOENT);
+    g_free(buf);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/* Shrinking drops granules for good; growing adds clean ones */
+static void test_resize(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    uint64_t last = VSIZE / G64K - 1;
+
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    ct_write(t, VSIZE - BS, BS);
+    ct_write(t, 0, BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_true(granule_set(t, "b0", last));
+    g_assert_cmpint(extree_set_virtual_size(t, VSIZE / 2 + 512), ==, 0);
+    g_assert_cmpuint(extree_bitmap_bytes(t, 0), ==, (VSIZE / 2 / G64K + 1 +
+                                                     7) / 8);
+    assert_set(t, "b0", "0,512");
+    g_assert_cmpint(extree_set_virtual_size(t, 4 * VSIZE), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    t = ct_open(be);
+    assert_set(t, "b0", "0,512");
+    g_assert_false(granule_set(t, "b0", last));
+    g_assert_cmpuint(extree_bitmap_bytes(t, 0), ==, 4 * VSIZE / G64K / 8);
+    ct_write(t, 4 * VSIZE - BS, BS);
+    g_assert_true(granule_set(t, "b0", 4 * VSIZE / G64K - 1));
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/* Removing gives the space back; the feature bit stays */
+static void test_remove(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeCheckResult res;
+    ExtreeDiskSuper sb;
+
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    g_assert_cmpint(extree_bitmap_add(t, "b1", BS, true), ==, 0);
+    ct_write(t, 0, VSIZE);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_check_clean(t, &res);
+    /* b1: 16384 granules, four chunks; b0 one; the directory one */
+    g_assert_cmpuint(res.metadata_bytes % BS, ==, 0);
+    g_assert_cmpint(extree_bitmap_remove(t, "b1"), ==, 0);
+    g_assert_cmpint(extree_bitmap_remove(t, "b1"), ==, -ENOENT);
+    g_assert_cmpint(extree_bitmap_find(t, "b1"), ==, -ENOENT);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_check_clean(t, NULL);
+    g_assert_cmpint(extree_bitmap_remove(t, "b0"), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    ct_read_super(be, &sb);
+    g_assert_cmpuint(GUINT64_FROM_LE(sb.bitmap_dir_offset), ==, 0);
+    g_assert_cmpuint(GUINT32_FROM_LE(sb.bitmap_count), ==, 0);
+    g_assert_true(GUINT64_FROM_LE(sb.incompat_features) &
+                  EXTREE_INCOMPAT_BITMAPS);
+    t = ct_open(be);
+    g_assert_cmpuint(extree_bitmap_count(t), ==, 0);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/* Bad arguments are refused and change nothing */
+static void test_bad_args(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    char *longname = g_strnfill(EXTREE_BITMAP_NAME_MAX + 1, 'x');
+    char *why = NULL;
+
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, -EEXIST);
+    g_assert_cmpint(extree_bitmap_add(t, "small", BS / 2, true), ==,
+                    -EINVAL);
+    g_assert_cmpint(extree_bitmap_add(t, "odd", 3 * BS, true), ==, -EINVAL);
+    g_assert_cmpint(extree_bitmap_add(t, "huge", 1ull << 32, true), ==,
+                    -EINVAL);
+    g_assert_cmpint(extree_bitmap_add(t, "", G64K, true), ==, -EINVAL);
+    g_assert_cmpint(extree_bitmap_add(t, longname, G64K, true), ==, -EINVAL);
+    longname[EXTREE_BITMAP_NAME_MAX] = 0;
+    g_assert_cmpint(extree_bitmap_add(t, longname, 1ull << 31, true), ==, 0);
+    g_assert_cmpint(extree_bitmap_check_new(t, "small", 512, &why), ==,
+                    -EINVAL);
+    g_assert_nonnull(strstr(why, "granularity 512"));
+    g_free(why);
+    g_assert_cmpuint(extree_bitmap_count(t), ==, 2);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    t = ct_open(be);
+    g_assert_cmpint(extree_bitmap_find(t, longname), ==, 1);
+    extree_close(t);
+    g_free(longname);
+    extree_mem_backend_free(be);
+}
+
+/* Reverting to a snapshot marks the disk in enabled bitmaps */
+static void test_revert_marks(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeSnapshotInfo info = { 0 };
+
+    ct_write(t, 0, BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpint(extree_snapshot_create(t, &info), ==, 0);
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    g_assert_cmpint(extree_bitmap_add(t, "off", G64K, false), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpint(extree_snapshot_goto(t, 0), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpuint(dirty(t, "b0"), ==, VSIZE / G64K);
+    g_assert_cmpuint(dirty(t, "off"), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/* Damage in the directory or a chunk fails the open, naming it */
+static void test_damage(void)
+{
+    for (int what = 0; what < 4; what++) {
+        ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+        ExtreeOpenOptions o = { 0 };
+        Extree *t = ct_open(be);
+        ExtreeBitmap *bm;
+        uint64_t dir, chunk;
+        uint8_t byte;
+        char *err = NULL;
+        const char *want;
+
+        g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+        ct_write(t, 0, BS);
+        g_assert_cmpint(extree_commit(t), ==, 0);
+        bm = g_ptr_array_index(t->bitmaps, 0);
+        dir = t->bitmap_dir;
+        chunk = bm->chunk_off[0];
+        g_assert_cmpuint(chunk, !=, 0);
+        extree_close(t);
+        switch (what) {
+        case 0:     /* a chunk's bit */
+            be->ops->pread(be->opaque, chunk, &byte, 1);
+            byte ^= 2;
+            be->ops->pwrite(be->opaque, chunk, &byte, 1);
+            want = "corrupt bitmap chunk at offset";
+            break;
+        case 1:     /* the directory's magic */
+            byte = 0;
+            be->ops->pwrite(be->opaque, dir, &byte, 1);
+            want = "corrupt bitmap directory at offset";
+            break;
+        case 2:     /* a name byte: the directory's checksum */
+            byte = 'c';
+            be->ops->pwrite(be->opaque, dir + 64 + 24, &byte, 1);
+            want = "bad checksum";
+            break;
+        default:    /* a chunk pointer past the end, checksum fixed */
+        {
+            uint8_t buf[BS];
+            uint32_t len;
+            uint64_t off = dir + 64 + 24 + 8;
+            uint64_t bad = GUINT64_TO_LE(1ull << 50);
+
+            be->ops->pread(be->opaque, dir, buf, BS);
+            memcpy(buf + (off - dir), &bad, 8);
+            memcpy(&len, buf + 12, 4);
+            memset(buf + 4, 0, 4);
+            {
+                uint32_t c = GUINT32_TO_LE(extree_crc32c(0, buf,
+                                           GUINT32_FROM_LE(len)));
+                memcpy(buf + 4, &c, 4);
+            }
+            be->ops->pwrite(be->opaque, dir, buf, BS);
+            want = "at bad offset";
+            break;
+        }
+        }
+        t = NULL;
+        g_assert_cmpint(extree_open(be, &o, &t, &err), ==, -EIO);
+        g_assert_null(t);
+        if (!strstr(err, want)) {
+            g_error("case %d: '%s' lacks '%s'", what, err, want);
+        }
+        g_free(err);
+        extree_mem_backend_free(be);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    g_test_init(&argc, &argv, NULL);
+    g_test_add_func("/bitmap/marks-persist", test_marks_persist);
+    g_test_add_func("/bitmap/crash-drops-both", test_crash_drops_both);
+    g_test_add_func("/bitmap/in-place-rule", test_in_place_rule);
+    g_test_add_func("/bitmap/sync", test_sync);
+    g_test_add_func("/bitmap/resize", test_resize);
+    g_test_add_func("/bitmap/remove", test_remove);
+    g_test_add_func("/bitmap/bad-args", test_bad_args);
+    g_test_add_func("/bitmap/revert-marks", test_revert_marks);
+    g_test_add_func("/bitmap/damage", test_damage);
+    return g_test_run();
+}
