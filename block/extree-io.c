@@ -216,10 +216,14 @@ xt_commit_now(BDRVExtreeState *s)
 {
     int ret;
 
-    if (!s->t || s->core_read_only || !extree_is_dirty(s->t)) {
+    if (!s->t || s->core_read_only) {
         return 0;
     }
     assert(s->io_inflight == 0);
+    xt_bitmaps_sync(s);
+    if (!extree_is_dirty(s->t)) {
+        return 0;
+    }
     trace_extree_commit_start(s, extree_generation(s->t) + 1, 0);
     ret = extree_commit(s->t);
     xt_handle_corruption(s);
@@ -234,9 +238,14 @@ xt_commit_now(BDRVExtreeState *s)
  */
 int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s)
 {
-    int ret;
+    bool bitmaps;
+    int ret = 0;
 
-    if (s->core_read_only || !extree_is_dirty(s->t)) {
+    if (s->core_read_only) {
+        return 0;
+    }
+    bitmaps = xt_bitmaps_any(s);
+    if (!bitmaps && !extree_is_dirty(s->t)) {
         return 0;
     }
     trace_extree_commit_start(s, extree_generation(s->t) + 1,
@@ -244,6 +253,17 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s)
     s->commit_waiting++;
     while (s->io_inflight > 0) {
         xt_queue_wait(s, &s->commit_queue);
+    }
+    /*
+     * QEMU's bitmaps now hold every write in place that completed, and no
+     * other is in flight: what a clear or disable there left out of the
+     * core's bits cannot be written in place before this commit
+     */
+    if (bitmaps) {
+        xt_bitmaps_sync(s);
+    }
+    if (!extree_is_dirty(s->t)) {
+        goto out;
     }
     /* the free-space tree's nodes are allocated now */
     xt_grow_before_nodes(s, 0);
@@ -268,6 +288,7 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s)
         }
         ret = -ENOSPC;
     }
+out:
     if (--s->commit_waiting == 0) {
         qemu_co_queue_restart_all(&s->io_queue);
     }
@@ -597,7 +618,13 @@ xt_in_place(BDRVExtreeState *s, const ExtreeRun *run, uint64_t guest,
         ret = extree_data_shared(s->t, guest, bytes,
                                  run->host + guest - run->guest, &shared);
     }
-    *in_place = ret == 0 && !shared;
+    /*
+     * Persistent bitmaps: a change in place must be marked committed
+     * already (spec: Persistent dirty bitmaps, 2); else it goes to new
+     * space and its mark commits with it
+     */
+    *in_place = ret == 0 && !shared &&
+                extree_bitmaps_in_place(s->t, guest, bytes);
     return ret;
 }
 

@@ -193,6 +193,13 @@ typedef struct BDRVExtreeState {
     QCryptoBlock *crypto;
     uint64_t crypt_hdr_offset;
     uint64_t crypt_hdr_len;
+
+    /*
+     * A persistent bitmap removed from the image whose BdrvDirtyBitmap
+     * QEMU has not released yet: commits must not store it again
+     * (extree-dirty.c).  Protected by lock.
+     */
+    char *bitmap_removing;
 } BDRVExtreeState;
 
 /*
@@ -371,5 +378,14 @@ int coroutine_fn GRAPH_RDLOCK
 extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
                        int64_t bytes, int64_t *pnum, int64_t *map,
                        BlockDriverState **file);
+
+/* extree-dirty.c: persistent dirty bitmaps */
+bool xt_bitmaps_any(BDRVExtreeState *s);
+void xt_bitmaps_sync(BDRVExtreeState *s);
+int xt_bitmaps_load(BDRVExtreeState *s, Error **errp);
+void xt_bitmaps_release(BDRVExtreeState *s);
+void xt_bitmaps_set_readonly(BDRVExtreeState *s, bool ro);
+bool xt_bitmaps_can_store(BDRVExtreeState *s, const char *name,
+                          uint32_t granularity, Error **errp);
 
 #endif /* BLOCK_EXTREE_QEMU_H */

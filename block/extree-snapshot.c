@@ -230,6 +230,10 @@ extree_snapshot_goto_bs(BlockDriverState *bs, const char *snapshot_id)
     bdrv_graph_rdlock_main_loop();
     ret = xt_call_locked_op(bs, xt_snapshot_goto_locked, &a);
     bs->total_sectors = qatomic_read(&s->virtual_size) / BDRV_SECTOR_SIZE;
+    if (ret == 0) {
+        /* as if the whole disk were written: the core marked it too */
+        bdrv_set_dirty(bs, 0, bs->total_sectors * BDRV_SECTOR_SIZE);
+    }
     bdrv_graph_rdunlock_main_loop();
     return ret;
 }

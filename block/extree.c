@@ -17,6 +17,7 @@
 
 #include "qemu/osdep.h"
 #include "block/block_int.h"
+#include "block/dirty-bitmap.h"
 #include "block/qdict.h"
 #include "crypto.h"
 #include "qapi/error.h"
@@ -365,6 +366,13 @@ static void coroutine_fn xt_open_entry(void *opaque)
         xt_install_core(s, t, read_only);
         /* The key is checked before anything is written */
         ret = xt_crypt_open(s, oc->encryptopts, oc->flags, oc->errp);
+        if (ret == 0 && !(oc->flags & BDRV_O_INACTIVE)) {
+            ret = xt_bitmaps_load(s, oc->errp);
+            if (ret < 0) {
+                bdrv_release_named_dirty_bitmaps(oc->bs);
+                xt_crypt_close(s);
+            }
+        }
         if (ret < 0) {
             xt_drop_core(s);
         }
@@ -464,6 +472,68 @@ static void GRAPH_UNLOCKED extree_close_bs(BlockDriverState *bs)
     xt_crypt_close(s);
     g_free(s->corrupt_msg);
     s->corrupt_msg = NULL;
+    g_free(s->bitmap_removing);
+    s->bitmap_removing = NULL;
+}
+
+/* ---- Persistent dirty bitmaps (extree-dirty.c) ---- */
+
+static bool extree_supports_persistent_dirty_bitmap(BlockDriverState *bs)
+{
+    return true;
+}
+
+static bool coroutine_fn GRAPH_RDLOCK
+extree_co_can_store_new_dirty_bitmap(BlockDriverState *bs, const char *name,
+                                     uint32_t granularity, Error **errp)
+{
+    BDRVExtreeState *s = bs->opaque;
+    bool ok;
+
+    if (xt_enter(s) < 0) {
+        error_setg(errp, "extree: the image is not open");
+        return false;
+    }
+    ok = xt_bitmaps_can_store(s, name, granularity, errp);
+    xt_leave(s);
+    return ok;
+}
+
+/*
+ * Removed from the image at once, as qcow2 does; QEMU releases its own
+ * bitmap after this returns, so the commit's sync must not store it again
+ * meanwhile (s->bitmaps_removing)
+ */
+static int coroutine_fn GRAPH_RDLOCK
+extree_co_remove_persistent_dirty_bitmap(BlockDriverState *bs,
+                                         const char *name, Error **errp)
+{
+    BDRVExtreeState *s = bs->opaque;
+    int ret = xt_enter(s);
+
+    if (ret < 0) {
+        error_setg_errno(errp, -ret, "extree: the image is not open");
+        return ret;
+    }
+    if (s->core_read_only || s->inactive) {
+        ret = -EROFS;
+        error_setg(errp, "Can't remove bitmap '%s' from read-only image '%s'",
+                   name, bdrv_get_device_or_node_name(bs));
+    } else if (extree_bitmap_find(s->t, name) >= 0) {
+        /* not stored yet is not an error (bdrv_remove_persistent_...) */
+        g_free(s->bitmap_removing);
+        s->bitmap_removing = g_strdup(name);
+        ret = extree_bitmap_remove(s->t, name);
+        if (ret == 0) {
+            ret = xt_commit_locked(s);
+        }
+        if (ret < 0) {
+            error_setg_errno(errp, -ret, "Could not remove bitmap '%s' from "
+                             "'%s'", name, bdrv_get_device_or_node_name(bs));
+        }
+    }
+    xt_leave(s);
+    return ret;
 }
 
 /* ---- Reopen, inactivate, invalidate ---- */
@@ -512,7 +582,7 @@ extree_reopen_prepare(BDRVReopenState *state, BlockReopenQueue *queue,
                  r->cache_size != s->cache_size;
     trace_extree_reopen_prepare(s, want_ro, new_handle);
     if (new_handle) {
-        if (!s->core_read_only && extree_is_dirty(s->t)) {
+        if (!s->core_read_only) {
             ret = xt_commit_now(s);
             if (ret < 0) {
                 error_setg_errno(errp, -ret,
@@ -547,6 +617,7 @@ static void GRAPH_UNLOCKED extree_reopen_commit(BDRVReopenState *state)
         extree_detach_aio_context(state->bs);
         xt_drop_core(s);
         xt_install_core(s, r->t, r->core_read_only);
+        xt_bitmaps_set_readonly(s, r->core_read_only);
         extree_attach_aio_context(state->bs,
                                   bdrv_get_aio_context(state->bs));
     }
@@ -592,6 +663,9 @@ static int GRAPH_RDLOCK extree_inactivate(BlockDriverState *bs)
     if (ret < 0) {
         error_report("extree: Could not commit metadata on inactivation: %s",
                      strerror(-ret));
+    } else {
+        /* committed: the image's next user loads them (as qcow2's) */
+        xt_bitmaps_release(s);
     }
     s->inactive = true;
     return ret;
@@ -630,6 +704,7 @@ extree_co_invalidate_cache(BlockDriverState *bs, Error **errp)
                        s->cache_size, &t, &read_only, errp);
     if (ret == 0) {
         xt_install_core(s, t, read_only);
+        ret = xt_bitmaps_load(s, errp);
     }
     s->replacing = false;
     qemu_co_queue_restart_all(&s->replace_queue);
@@ -793,6 +868,24 @@ extree_get_specific_info(BlockDriverState *bs, Error **errp)
         x->compression_type = QCOW2_COMPRESSION_TYPE_ZLIB;
         x->has_compression_type = s->compress_alg == EXTREE_COMPRESS_ZLIB;
 #endif
+    }
+    if (extree_incompat_features(s->t) & EXTREE_INCOMPAT_BITMAPS) {
+        ImageInfoSpecificExtree *x = spec_info->u.extree.data;
+        Qcow2BitmapInfoList **tail = &x->bitmaps;
+
+        x->has_bitmaps = true;
+        for (unsigned i = 0; i < extree_bitmap_count(s->t); i++) {
+            Qcow2BitmapInfo *bi = g_new0(Qcow2BitmapInfo, 1);
+            ExtreeBitmapInfo info;
+
+            extree_bitmap_info(s->t, i, &info);
+            bi->name = g_strdup(info.name);
+            bi->granularity = info.granularity;
+            if (info.enabled) {
+                QAPI_LIST_PREPEND(bi->flags, QCOW2_BITMAP_INFO_FLAGS_AUTO);
+            }
+            QAPI_LIST_APPEND(tail, bi);
+        }
     }
     if (s->crypto) {
         QCryptoBlockInfo *encrypt = qcrypto_block_get_info(s->crypto, errp);
@@ -1267,6 +1360,20 @@ static BlockMeasureInfo *extree_measure(QemuOpts *opts, BlockDriverState *in_bs,
     info->required = required_data + crypt_bytes +
         extree_metadata_bound(virtual_size, block_size, node_size,
                               nr_extents ? nr_extents : 1);
+    if (in_bs && bdrv_supports_persistent_dirty_bitmap(in_bs)) {
+        BdrvDirtyBitmap *bm;
+
+        /* what qemu-img convert --bitmaps would copy */
+        info->has_bitmaps = true;
+        FOR_EACH_DIRTY_BITMAP(in_bs, bm) {
+            if (bdrv_dirty_bitmap_get_persistence(bm)) {
+                info->bitmaps += extree_bitmap_meta_bytes(
+                    virtual_size, block_size,
+                    strlen(bdrv_dirty_bitmap_name(bm)),
+                    MAX(bdrv_dirty_bitmap_granularity(bm), block_size));
+            }
+        }
+    }
     return info;
 }
 
@@ -1507,6 +1614,12 @@ static BlockDriver bdrv_extree = {
     .bdrv_co_getlength              = extree_co_getlength,
     .bdrv_co_block_status           = extree_co_block_status,
     .bdrv_make_empty                = extree_make_empty,
+
+    .bdrv_supports_persistent_dirty_bitmap =
+        extree_supports_persistent_dirty_bitmap,
+    .bdrv_co_can_store_new_dirty_bitmap = extree_co_can_store_new_dirty_bitmap,
+    .bdrv_co_remove_persistent_dirty_bitmap =
+        extree_co_remove_persistent_dirty_bitmap,
 
     .bdrv_co_check                  = extree_co_check,
     .bdrv_co_get_info               = extree_co_get_info,

@@ -432,7 +432,9 @@ static int xp_alloc_write(const ExtreeRun *run, uint64_t offset, uint64_t n,
 
 /*
  * May DATA run @run be changed in place for guest [@offset, + @n)?  Only
- * if no snapshot shares its blocks.  xp.lock held.
+ * if no snapshot shares its blocks and every enabled persistent bitmap
+ * has them marked, committed (spec: Persistent dirty bitmaps).  xp.lock
+ * held.
  */
 static int xp_in_place(const ExtreeRun *run, uint64_t offset, uint64_t n,
                        bool *in_place)
@@ -447,7 +449,9 @@ static int xp_in_place(const ExtreeRun *run, uint64_t offset, uint64_t n,
     if (run->type == EXTREE_RUN_DATA) {
         ret = extree_data_shared(xp.t, start, end - start,
                                  run->host - (offset - start), &shared);
-        *in_place = ret == 0 && !shared;
+        /* persistent bitmaps: in place only over committed marks */
+        *in_place = ret == 0 && !shared &&
+                    extree_bitmaps_in_place(xp.t, start, end - start);
     }
     return ret;
 }

@@ -32,7 +32,7 @@ LAYERS = [
     'extree-snap',
     'extree-check',
     'extree-file',
-    ('extree-crypt', 'extree-codec'),
+    ('extree-crypt', 'extree-codec', 'extree-dirty'),
     'extree-io',
     'extree-snapshot',
     'extree',

@@ -260,8 +260,8 @@ uint64_t extree_bitmap_meta_bytes(uint64_t virtual_size, uint32_t block_size,
                                   size_t name_len, uint64_t granularity)
 {
     uint64_t bs = block_size ? block_size : EXTREE_DEFAULT_BLOCK_SIZE;
-    uint64_t n = nchunks_for(ngranules(virtual_size, __builtin_ctzll(granularity)),
-                             bs);
+    uint32_t gbits = __builtin_ctzll(granularity);
+    uint64_t n = nchunks_for(ngranules(virtual_size, gbits), bs);
 
     /* every chunk, and the entry in a directory that moves at commit */
     return n * bs + 2 * EXTREE_ROUND_UP(entry_bytes(name_len, n), bs);
@@ -271,6 +271,7 @@ int extree_bitmap_check_new(Extree *t, const char *name, uint64_t granularity,
                             char **why)
 {
     size_t len = strlen(name);
+    uint64_t nch;
 
     if (t->read_only) {
         *why = g_strdup("the image is read-only");
@@ -298,10 +299,9 @@ int extree_bitmap_check_new(Extree *t, const char *name, uint64_t granularity,
                                EXTREE_MAX_BITMAPS);
         return -EFBIG;
     }
-    if (dir_bytes(t, t->virtual_size,
-                  entry_bytes(len, nchunks_for(ngranules(t->virtual_size,
-                                                        __builtin_ctzll(granularity)),
-                                               t->block_size))) >
+    nch = nchunks_for(ngranules(t->virtual_size,
+                                __builtin_ctzll(granularity)), t->block_size);
+    if (dir_bytes(t, t->virtual_size, entry_bytes(len, nch)) >
         EXTREE_BITMAP_DIR_MAX) {
         *why = g_strdup_printf("the bitmap directory would exceed %d bytes",
                                EXTREE_BITMAP_DIR_MAX);

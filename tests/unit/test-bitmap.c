@@ -69,8 +69,10 @@ static void assert_set(Extree *t, const char *name, const char *want)
     g_free(have);
 }
 
-/* Add, write, commit, reopen: exactly the written granules, and only in
- * the enabled bitmap; the image checks clean */
+/*
+ * Add, write, commit, reopen: exactly the written granules, and only in
+ * the enabled bitmap; the image checks clean
+ */
 static void test_marks_persist(void)
 {
     ExtreeBackend *be = ct_create(VSIZE, BS, NS);
