@@ -1630,6 +1630,7 @@ static BlockDriver bdrv_extree = {
     .bdrv_co_change_backing_file    = extree_co_change_backing_file,
     .bdrv_snapshot_create           = extree_snapshot_create_bs,
     .bdrv_snapshot_goto             = extree_snapshot_goto_bs,
+    .snapshot_goto_marks_dirty      = true,
     .bdrv_snapshot_delete           = extree_snapshot_delete_bs,
     .bdrv_snapshot_list             = extree_snapshot_list_bs,
     .bdrv_snapshot_load_tmp         = extree_snapshot_load_tmp_bs,
