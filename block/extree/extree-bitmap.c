@@ -686,6 +686,8 @@ void extree_bitmaps_free(Extree *t)
     t->bitmap_dir = t->bitmap_dir_len = 0;
     t->bitmaps_dirty = false;
     t->bitmaps_enabled = 0;
+    g_free(t->bitmaps_bad);
+    t->bitmaps_bad = NULL;
 }
 
 /* One entry at @p (@left bytes of the directory left); *@why on damage */
@@ -819,7 +821,29 @@ static int load_chunks(Extree *t, ExtreeBitmap *bm, uint64_t want_count)
     return 0;
 }
 
-int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb)
+/*
+ * A checker's handle (@tolerate) opens with damaged bitmaps left out:
+ * t->bitmaps_bad says what was wrong, and only a repair drops them from
+ * the image (extree_bitmaps_drop_damaged()); their blocks are leaks then.
+ */
+static void note_bad(Extree *t)
+{
+    char *all = t->bitmaps_bad ?
+                g_strdup_printf("%s; %s", t->bitmaps_bad, t->last_error) :
+                g_strdup(t->last_error);
+
+    g_free(t->bitmaps_bad);
+    t->bitmaps_bad = all;
+}
+
+void extree_bitmaps_drop_damaged(Extree *t)
+{
+    g_free(t->bitmaps_bad);
+    t->bitmaps_bad = NULL;
+    bitmaps_changed(t);
+}
+
+int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
 {
     uint64_t len = sb->bitmap_dir_len, alloc = EXTREE_ROUND_UP(len,
                                                               t->block_size);
@@ -884,6 +908,11 @@ int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb)
         extree_bitmaps_free(t);
         t->bitmaps = g_ptr_array_new();
         t->bitmap_marks = g_array_new(false, false, sizeof(ExtreeBitmapMark));
+        if (tolerate) {
+            /* all of them: the directory and every chunk are leaks */
+            note_bad(t);
+            return 0;
+        }
         return ret;
     }
     t->bitmap_dir = sb->bitmap_dir;
@@ -894,11 +923,19 @@ int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb)
         ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
         uint32_t nlen = p[BE_OFF(name_len)] | (p[BE_OFF(name_len) + 1] << 8);
 
-        ret = load_chunks(t, bm, ext_ld64(p + BE_OFF(dirty_granules)));
-        if (ret < 0) {
+        p += entry_bytes(nlen, bm->nchunks);
+        ret = load_chunks(t, bm, ext_ld64(p - entry_bytes(nlen, bm->nchunks) +
+                                          BE_OFF(dirty_granules)));
+        if (ret == -EIO && tolerate) {
+            /* this one only: its chunks are leaks */
+            note_bad(t);
+            t->bitmaps_enabled -= bm->enabled;
+            g_ptr_array_remove_index(t->bitmaps, i--);
+            bm_free(bm);
+            ret = 0;
+        } else if (ret < 0) {
             break;
         }
-        p += entry_bytes(nlen, bm->nchunks);
     }
     g_free(buf);
     if (ret < 0) {

@@ -87,6 +87,7 @@ typedef struct CheckCtx {
     GArray *ref_fixes;
     /* snap_generation too low (Extree.snap_gen_bad): "-r all" raises it */
     bool snapgen_bad;
+    bool bitmaps_bad;           /* bitmaps left out at open (damaged) */
 } CheckCtx;
 
 /* One corruption, found in the extent tree (@free false) or the free tree */
@@ -380,6 +381,12 @@ static void check_bitmaps(CheckCtx *c)
     Extree *t = c->t;
     uint64_t len = EXTREE_ROUND_UP(t->bitmap_dir_len, t->block_size);
 
+    if (t->bitmaps_bad) {
+        /* left out at open; a repair removes them */
+        c->res->corruptions++;
+        c->bitmaps_bad = true;
+        say(c, "%s", t->bitmaps_bad);
+    }
     if (t->bitmap_dir) {
         claim(c, t->bitmap_dir, len, 0, CLAIM_BITMAP);
         c->res->metadata_bytes += len;
@@ -676,8 +683,8 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
     int ret = 0;
 
     if (t->read_only || t->broken || c->extent_bad ||
-        ((free_bad || c->count_bad || c->refs_bad || c->snapgen_bad) &&
-         !(fix & EXTREE_FIX_ERRORS))) {
+        ((free_bad || c->count_bad || c->refs_bad || c->snapgen_bad ||
+          c->bitmaps_bad) && !(fix & EXTREE_FIX_ERRORS))) {
         if (leaks->len && (fix & EXTREE_FIX_LEAKS)) {
             say(c, "leaks not repaired: %s", t->read_only ? "read-only" :
                 t->broken ? "the image handle failed earlier" :
@@ -714,6 +721,12 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
         t->snap_gen_bad = false;
         t->super_dirty = true;
         say(c, "snap_generation set to %" PRIu64, t->snap_gen);
+        fixed++;
+    }
+    if (c->bitmaps_bad) {
+        /* "-r all": the damaged bitmaps go; their blocks are leaks */
+        extree_bitmaps_drop_damaged(t);
+        say(c, "damaged bitmaps removed");
         fixed++;
     }
     if (c->count_bad) {

@@ -712,6 +712,11 @@ struct Extree {
     unsigned bitmaps_enabled;
     GArray *bitmap_marks;
     /*
+     * A checker's handle: what was wrong with the bitmaps it left out
+     * (extree_bitmaps_load()), NULL if nothing
+     */
+    char *bitmaps_bad;
+    /*
      * The superblock's snap_generation is not above every snapshot's
      * generation (@snap_gen_stored): shared nodes would look unshared.
      * Only a read-only or checker's handle opens so, with @snap_gen
@@ -1086,7 +1091,8 @@ int extree_sb_read(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
 int extree_snap_table_load(Extree *t, const ExtreeSuper *sb);
 
 /* extree-bitmap.c */
-int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb);
+int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate);
+void extree_bitmaps_drop_damaged(Extree *t);
 void extree_bitmaps_free(Extree *t);
 void extree_bitmaps_mark(Extree *t, uint64_t guest, uint64_t bytes);
 int extree_bitmaps_resize_ok(Extree *t, uint64_t size);

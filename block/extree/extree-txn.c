@@ -411,7 +411,7 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
         ret = check_snap_gen(t, o);
     }
     if (ret == 0) {
-        ret = extree_bitmaps_load(t, sb);
+        ret = extree_bitmaps_load(t, sb, o->check);
     }
     if (ret == 0 && !t->read_only) {
         extree_refs_init(t);

@@ -583,6 +583,40 @@ static void seed_compressed(const char *dir)
     gen_finish(&g, dir, "compressed-512.img", 2);
 }
 
+/*
+ * Bitmaps bit: three persistent bitmaps (granularity 512, 4096 and 64 KiB,
+ * one disabled) with granules set by writes, zeroes and punches committed
+ * in several transactions, one chunk of the 512-byte one left all clear
+ */
+static void seed_bitmaps(const char *dir)
+{
+    Gen g;
+
+    gen_start(&g, 2 << 20, 512, 4096, NULL, 13);
+    g.tagged = true;
+    for (int i = 0; i < 100; i++) {
+        gen_write(&g, i * 30, 1 + i % 4);
+    }
+    gen_commit(&g);
+    must(extree_bitmap_add(g.t, "b512", 512, true), "bitmap");
+    must(extree_bitmap_add(g.t, "b4k", 4096, true), "bitmap");
+    must(extree_bitmap_add(g.t, "off", 65536, false), "bitmap");
+    gen_commit(&g);
+    for (int i = 0; i < 40; i++) {
+        if (i % 3 == 0) {
+            gen_write(&g, 2048 + i * 17, 1 + i % 5);
+        } else if (i % 3 == 1) {
+            gen_zero(&g, i * 31, 2);
+        } else {
+            gen_punch(&g, i * 29, 1);
+        }
+        if (i % 10 == 9) {
+            gen_commit(&g);
+        }
+    }
+    gen_finish(&g, dir, "bitmaps-512.img", 1);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -598,6 +632,7 @@ int main(int argc, char **argv)
     seed_snapshots(argv[1]);
     seed_snap_levels(argv[1]);
     seed_snap_refs(argv[1]);
+    seed_bitmaps(argv[1]);
     seed_crypt(argv[1]);
     seed_compressed(argv[1]);
     return 0;

@@ -407,6 +407,59 @@ static void test_damage(void)
     }
 }
 
+/*
+ * The checker opens with damaged bitmaps left out and reports them; a
+ * repair removes the damaged one only, and gives its blocks back
+ */
+static void test_check_repair(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    ExtreeOpenOptions chk = { .check = true, .read_only = true };
+    ExtreeOpenOptions rep = { .check = true, .repair = true };
+    ExtreeCheckResult res;
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    Extree *t = ct_open(be);
+    ExtreeBitmap *bm;
+    uint64_t chunk;
+    uint8_t byte;
+    char *err = NULL;
+
+    g_assert_cmpint(extree_bitmap_add(t, "good", G64K, true), ==, 0);
+    g_assert_cmpint(extree_bitmap_add(t, "bad", G64K, true), ==, 0);
+    ct_write(t, 0, BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    bm = g_ptr_array_index(t->bitmaps, 1);
+    chunk = bm->chunk_off[0];
+    extree_close(t);
+    be->ops->pread(be->opaque, chunk, &byte, 1);
+    byte ^= 4;
+    be->ops->pwrite(be->opaque, chunk, &byte, 1);
+
+    t = NULL;
+    g_assert_cmpint(extree_open(be, &chk, &t, &err), ==, 0);
+    g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, ==, 1);
+    g_assert_true(ct_has_msg(&r, "corrupt bitmap chunk at offset"));
+    g_assert_cmpuint(extree_bitmap_count(t), ==, 1);
+    extree_close(t);
+
+    t = NULL;
+    g_assert_cmpint(extree_open(be, &rep, &t, &err), ==, 0);
+    g_assert_cmpint(extree_check(t, true, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, ==, 1);
+    g_assert_cmpuint(res.repaired_corruptions, ==, 1);
+    g_assert_cmpuint(res.repaired_leaks, >=, 1);
+    extree_close(t);
+
+    t = ct_open(be);
+    g_assert_cmpuint(extree_bitmap_count(t), ==, 1);
+    assert_set(t, "good", "0");
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    g_ptr_array_free(r.msgs, true);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -419,5 +472,6 @@ int main(int argc, char **argv)
     g_test_add_func("/bitmap/bad-args", test_bad_args);
     g_test_add_func("/bitmap/revert-marks", test_revert_marks);
     g_test_add_func("/bitmap/damage", test_damage);
+    g_test_add_func("/bitmap/check-repair", test_check_repair);
     return g_test_run();
 }
