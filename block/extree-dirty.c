@@ -56,7 +56,9 @@ bool xt_bitmaps_any(BDRVExtreeState *s)
 
 /*
  * Give the core QEMU's persistent bitmaps before a commit: new ones are
- * added, the bits of each are QEMU's plus this transaction's marks.  A
+ * added, the bits of each are QEMU's plus this transaction's marks.
+ * Unless @full, a bitmap whose state and count agree with the core's is
+ * skipped (one compare per bitmap instead of a copy of its bits).  A
  * bitmap with a successor (a backup job runs) is frozen in QEMU and its
  * successor takes the changes: the core keeps its own bits and marks, so
  * a crash during the job loses nothing the next backup needs.  Bitmaps
@@ -64,7 +66,7 @@ bool xt_bitmaps_any(BDRVExtreeState *s)
  * core drops a bitmap only when told (xt_bitmaps_remove()).
  * Called with s->lock held and no data request between lookup and end.
  */
-void xt_bitmaps_sync(BDRVExtreeState *s)
+void xt_bitmaps_sync(BDRVExtreeState *s, bool full)
 {
     BdrvDirtyBitmap *bm;
     uint64_t vsize;
@@ -112,6 +114,18 @@ void xt_bitmaps_sync(BDRVExtreeState *s)
         if (bdrv_dirty_bitmap_has_successor(bm)) {
             keep = true;
             enabled = info.enabled;
+        } else if (!full && enabled == info.enabled &&
+                   info.dirty_granules * info.granularity ==
+                   bdrv_get_dirty_count(bm)) {
+            /*
+             * Same count: QEMU's bits are the core's (the core has every
+             * completed write's, and more only for requests not returned
+             * yet); a clear or merge there changes the count, save where
+             * later writes made it up exactly, which the next full sync
+             * (close, reopen, inactivation) stores.  Either way the core
+             * has every change: its bits are a superset.
+             */
+            continue;
         }
         buf = xt_serialize(bm, extree_bitmap_bytes(s->t, i));
         ret = extree_bitmap_sync(s->t, i, buf, enabled, keep);

@@ -220,7 +220,7 @@ xt_commit_now(BDRVExtreeState *s)
         return 0;
     }
     assert(s->io_inflight == 0);
-    xt_bitmaps_sync(s);
+    xt_bitmaps_sync(s, true);
     if (!extree_is_dirty(s->t)) {
         return 0;
     }
@@ -260,7 +260,7 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s)
      * core's bits cannot be written in place before this commit
      */
     if (bitmaps) {
-        xt_bitmaps_sync(s);
+        xt_bitmaps_sync(s, false);
     }
     if (!extree_is_dirty(s->t)) {
         goto out;

@@ -381,7 +381,7 @@ extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
 
 /* extree-dirty.c: persistent dirty bitmaps */
 bool xt_bitmaps_any(BDRVExtreeState *s);
-void xt_bitmaps_sync(BDRVExtreeState *s);
+void xt_bitmaps_sync(BDRVExtreeState *s, bool full);
 int xt_bitmaps_load(BDRVExtreeState *s, Error **errp);
 void xt_bitmaps_release(BDRVExtreeState *s);
 void xt_bitmaps_set_readonly(BDRVExtreeState *s, bool ro);

@@ -639,7 +639,11 @@ static void GRAPH_UNLOCKED extree_reopen_abort(BDRVReopenState *state)
 static int coroutine_fn GRAPH_RDLOCK
 xt_inactivate_locked(BDRVExtreeState *s)
 {
-    int ret = xt_commit_locked(s);
+    int ret;
+
+    /* no writer is left (the block layer checked): every bit, exactly */
+    xt_bitmaps_sync(s, true);
+    ret = xt_commit_locked(s);
 
     if (ret == 0) {
         /* Reads may run, but below host_end only */

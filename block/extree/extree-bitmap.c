@@ -143,23 +143,26 @@ static bool set_range(Extree *t, ExtreeBitmap *bm, uint64_t g0, uint64_t g1)
 
     while (g0 < g1) {
         uint64_t c = g0 / per, end = MIN(g1, (c + 1) * per), g = g0;
+        uint64_t added = 0;
 
-        if (!all_set(bm->bits, g0, end)) {
-            for (; g < end && (g & 7); g++) {
-                bm->bits[g >> 3] |= 1 << (g & 7);
-            }
-            if (end - g >= 8) {
-                memset(bm->bits + (g >> 3), 0xff, (end - g) >> 3);
-                g += (end - g) & ~(uint64_t)7;
-            }
-            for (; g < end; g++) {
-                bm->bits[g >> 3] |= 1 << (g & 7);
-            }
-            if (bm->chunk_state[c] == CHUNK_CLEAN) {
-                bm->chunk_state[c] = CHUNK_CHANGED;
-            }
-            changed = true;
+        if (all_set(bm->bits, g0, end)) {
+            g0 = end;
+            continue;
         }
+        while (g < end) {
+            uint8_t *b = &bm->bits[g >> 3];
+            unsigned lo = g & 7, n = MIN(8 - lo, end - g);
+            uint8_t mask = ((1u << n) - 1) << lo;
+
+            added += __builtin_popcount(mask & ~*b);
+            *b |= mask;
+            g += n;
+        }
+        bm->count += added;
+        if (bm->chunk_state[c] == CHUNK_CLEAN) {
+            bm->chunk_state[c] = CHUNK_CHANGED;
+        }
+        changed = true;
         g0 = end;
     }
     return changed;
@@ -252,7 +255,7 @@ int extree_bitmap_info(Extree *t, unsigned i, ExtreeBitmapInfo *info)
     info->name = bm->name;
     info->granularity = (uint64_t)1 << bm->gran_bits;
     info->enabled = bm->enabled;
-    info->dirty_granules = popcount(bm->bits, (bm->ngran + 7) / 8);
+    info->dirty_granules = bm->count;
     return 0;
 }
 
@@ -425,6 +428,8 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
         size_t off = c * t->block_size;
 
         if (memcmp(want + off, bm->bits + off, t->block_size)) {
+            bm->count += popcount(want + off, t->block_size);
+            bm->count -= popcount(bm->bits + off, t->block_size);
             memcpy(bm->bits + off, want + off, t->block_size);
             if (bm->chunk_state[c] == CHUNK_CLEAN) {
                 bm->chunk_state[c] = CHUNK_CHANGED;
@@ -498,6 +503,7 @@ int extree_bitmaps_resize(Extree *t, uint64_t size)
             }
         }
         bm->ngran = ngran;
+        bm->count = popcount(bm->bits, nch * bs);
         bitmaps_changed(t);
     }
     return 0;
@@ -599,8 +605,7 @@ static uint8_t *dir_encode(Extree *t, uint64_t *alloc_len)
         p[BE_OFF(name_len) + 1] = nlen >> 8;
         p[BE_OFF(granularity_bits)] = bm->gran_bits;
         p[BE_OFF(flags)] = bm->enabled ? EXTREE_BITMAP_ENABLED : 0;
-        ext_st64(p + BE_OFF(dirty_granules),
-                 popcount(bm->bits, (bm->ngran + 7) / 8));
+        ext_st64(p + BE_OFF(dirty_granules), bm->count);
         ext_st32(p + BE_OFF(nr_chunks), bm->nchunks);
         p += sizeof(ExtreeDiskBitmapEntry);
         memcpy(p, bm->name, nlen);
@@ -810,6 +815,7 @@ static int load_chunks(Extree *t, ExtreeBitmap *bm, uint64_t want_count)
         }
     }
     count = popcount(bm->bits, (size_t)bm->nchunks * t->block_size);
+    bm->count = count;
     if (count != want_count) {
         return extree_corrupt(t, t->bitmap_dir, "corrupt bitmap directory at "
                               "offset 0x%" PRIx64 ": bitmap '%s' has %"

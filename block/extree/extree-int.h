@@ -395,6 +395,7 @@ typedef struct ExtreeBitmap {
     bool enabled;
     uint64_t ngran;             /* granules: virtual size / granularity, up */
     uint64_t nchunks;
+    uint64_t count;             /* granules set in @bits */
     uint8_t *bits;              /* the content, as the next commit stores it */
     uint8_t *cbits;             /* the committed content */
     uint64_t *chunk_off;        /* where each chunk lies, 0: all clear */
