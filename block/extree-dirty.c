@@ -39,6 +39,29 @@ static uint8_t *xt_serialize(BdrvDirtyBitmap *bm, uint64_t core_bytes)
     return buf;
 }
 
+/*
+ * bdrv_dirty_bitmap_change_gen() of bitmap @name when the core last took
+ * its bits (s->bitmap_gens), 0 if never
+ */
+static uint64_t xt_synced_gen(BDRVExtreeState *s, const char *name)
+{
+    uint64_t *gen = s->bitmap_gens ?
+                    g_hash_table_lookup(s->bitmap_gens, name) : NULL;
+
+    return gen ? *gen : 0;
+}
+
+static void xt_set_synced_gen(BDRVExtreeState *s, const char *name,
+                              uint64_t gen)
+{
+    if (!s->bitmap_gens) {
+        s->bitmap_gens = g_hash_table_new_full(g_str_hash, g_str_equal,
+                                               g_free, g_free);
+    }
+    g_hash_table_insert(s->bitmap_gens, g_strdup(name),
+                        g_memdup2(&gen, sizeof(gen)));
+}
+
 bool xt_bitmaps_any(BDRVExtreeState *s)
 {
     BdrvDirtyBitmap *bm;
@@ -57,8 +80,8 @@ bool xt_bitmaps_any(BDRVExtreeState *s)
 /*
  * Give the core QEMU's persistent bitmaps before a commit: new ones are
  * added, the bits of each are QEMU's plus this transaction's marks.
- * Unless @full, a bitmap whose state and count agree with the core's is
- * skipped (one compare per bitmap instead of a copy of its bits).  A
+ * Unless @full, a bitmap QEMU changed only by guest writes since the last
+ * sync is skipped (its change counter, patches/qemu/0012, says so).  A
  * bitmap with a successor (a backup job runs) is frozen in QEMU and its
  * successor takes the changes: the core keeps its own bits and marks, so
  * a crash during the job loses nothing the next backup needs.  Bitmaps
@@ -114,22 +137,20 @@ void xt_bitmaps_sync(BDRVExtreeState *s, bool full)
         if (bdrv_dirty_bitmap_has_successor(bm)) {
             keep = true;
             enabled = info.enabled;
-        } else if (!full && enabled == info.enabled &&
-                   info.dirty_granules * info.granularity ==
-                   bdrv_get_dirty_count(bm)) {
+        } else if (!full && xt_synced_gen(s, name) ==
+                   bdrv_dirty_bitmap_change_gen(bm)) {
             /*
-             * Same count: QEMU's bits are the core's (the core has every
-             * completed write's, and more only for requests not returned
-             * yet); a clear or merge there changes the count, save where
-             * later writes made it up exactly, which the next full sync
-             * (close, reopen, inactivation) stores.  Either way the core
-             * has every change: its bits are a superset.
+             * Nothing but guest writes since the last sync: the core has
+             * every one of them marked (patches/qemu/0012)
              */
             continue;
         }
         buf = xt_serialize(bm, extree_bitmap_bytes(s->t, i));
         ret = extree_bitmap_sync(s->t, i, buf, enabled, keep);
         g_free(buf);
+        if (ret == 0) {
+            xt_set_synced_gen(s, name, bdrv_dirty_bitmap_change_gen(bm));
+        }
         trace_extree_bitmap_sync(s, name, enabled, keep, ret);
     }
 }
@@ -172,6 +193,7 @@ int xt_bitmaps_load(BDRVExtreeState *s, Error **errp)
         if (s->core_read_only) {
             bdrv_dirty_bitmap_set_readonly(bm, true);
         }
+        xt_set_synced_gen(s, info.name, bdrv_dirty_bitmap_change_gen(bm));
         trace_extree_bitmap_load(s, info.name, info.granularity,
                                  info.enabled, info.dirty_granules);
     }

@@ -200,6 +200,11 @@ typedef struct BDRVExtreeState {
      * (extree-dirty.c).  Protected by lock.
      */
     char *bitmap_removing;
+    /*
+     * Bitmap name -> bdrv_dirty_bitmap_change_gen() when the core last
+     * took its bits (uint64_t *).  Protected by lock.
+     */
+    GHashTable *bitmap_gens;
 } BDRVExtreeState;
 
 /*

@@ -474,6 +474,10 @@ static void GRAPH_UNLOCKED extree_close_bs(BlockDriverState *bs)
     s->corrupt_msg = NULL;
     g_free(s->bitmap_removing);
     s->bitmap_removing = NULL;
+    if (s->bitmap_gens) {
+        g_hash_table_destroy(s->bitmap_gens);
+        s->bitmap_gens = NULL;
+    }
 }
 
 /* ---- Persistent dirty bitmaps (extree-dirty.c) ---- */
