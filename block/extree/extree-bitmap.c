@@ -212,12 +212,13 @@ bool extree_bitmaps_in_place(Extree *t, uint64_t guest, uint64_t bytes)
 {
     uint64_t end = MIN(guest + bytes, t->virtual_size);
 
-    for (guint i = 0; t->bitmaps_enabled && i < t->bitmaps->len; i++) {
+    for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
         ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
         uint64_t g0 = guest >> bm->gran_bits;
         uint64_t g1 = ngranules(end, bm->gran_bits);
 
-        if (bm->enabled && guest < end &&
+        /* enabled now or in the committed state a crash returns to */
+        if ((bm->enabled || bm->cenabled) && guest < end &&
             (!all_set(bm->bits, g0, g1) || !all_set(bm->cbits, g0, g1))) {
             return false;
         }
@@ -664,6 +665,7 @@ void extree_bitmaps_commit_done(Extree *t)
     for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
         ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
 
+        bm->cenabled = bm->enabled;
         for (uint64_t c = 0; c < bm->nchunks; c++) {
             if (bm->chunk_state[c] != CHUNK_CLEAN) {
                 memcpy(bm->cbits + c * t->block_size,
@@ -744,6 +746,7 @@ static char *decode_entry(Extree *t, const uint8_t *p, uint64_t left,
         return why;
     }
     bm = bm_new(t, name, gbits, flags & EXTREE_BITMAP_ENABLED);
+    bm->cenabled = bm->enabled;
     g_free(name);
     p += sizeof(ExtreeDiskBitmapEntry) + EXTREE_ROUND_UP(nlen, 8);
     for (uint64_t c = 0; c < nch; c++, p += sizeof(ExtreeDiskBitmapChunk)) {

@@ -393,6 +393,7 @@ typedef struct ExtreeBitmap {
     char *name;
     uint32_t gran_bits;         /* log2 of the granularity */
     bool enabled;
+    bool cenabled;              /* enabled in the committed state */
     uint64_t ngran;             /* granules: virtual size / granularity, up */
     uint64_t nchunks;
     uint64_t count;             /* granules set in @bits */

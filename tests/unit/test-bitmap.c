@@ -7,6 +7,7 @@
  */
 
 #include "core-test.h"
+#include "model.h"
 
 #define BS      4096u
 #define NS      4096u
@@ -164,9 +165,11 @@ static void test_in_place_rule(void)
     g_assert_false(extree_bitmaps_in_place(t, 0, BS));
     g_assert_cmpuint(dirty(t, "b0"), ==, 0);
     g_free(zero);
-    /* disabled: no marks, no constraint */
+    /* disabled: no marks, no constraint once committed */
     zero = bits_of(t, "b0", &len);
     g_assert_cmpint(extree_bitmap_sync(t, 1, zero, false, false), ==, 0);
+    g_assert_false(extree_bitmaps_in_place(t, 0, BS));
+    g_assert_cmpint(extree_commit(t), ==, 0);
     g_assert_true(extree_bitmaps_in_place(t, 0, BS));
     ct_write(t, G64K, BS);
     g_assert_cmpuint(dirty(t, "b0"), ==, 0);
@@ -460,6 +463,227 @@ static void test_check_repair(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * Model-based: random writes (to new space, or in place where the core
+ * allows it), zeroes, punches, clears, enables and disables (as QEMU's
+ * sync gives them), commits and reopens with or without a commit (a
+ * crash).  The model keeps each block's content version, live and
+ * durable (a write in place to a committed mapping is durable at once,
+ * everything else at the commit), and for each bitmap the durable
+ * content when it was last cleared.  After every reopen, every granule
+ * whose durable content differs from that must be set in an enabled
+ * bitmap (a disabled one must not have changed), and no granule whose
+ * blocks did not change since the commit before the clear may be.
+ */
+#define MB_BLOCKS   256
+#define MB_NBM      2
+
+typedef struct MbBitmap {
+    uint64_t gran;
+    bool enabled, cenabled;     /* pending, committed */
+    /* durable versions at the last committed clear, and a commit earlier */
+    uint64_t base[MB_BLOCKS], loose[MB_BLOCKS];
+    bool clear_pending;
+    uint64_t pbase[MB_BLOCKS], ploose[MB_BLOCKS];
+    uint8_t *cbits;             /* committed bits, for the disabled check */
+} MbBitmap;
+
+typedef struct Mb {
+    ExtreeBackend *be;
+    Extree *t;
+    uint64_t rng, ver;
+    uint64_t cur[MB_BLOCKS], dur[MB_BLOCKS];
+    uint64_t at_commit[MB_BLOCKS];      /* durable versions at last commit */
+    bool remapped[MB_BLOCKS];
+    MbBitmap bm[MB_NBM];
+} Mb;
+
+static void mb_change(Mb *m, uint64_t blk, uint64_t n, bool in_place)
+{
+    for (uint64_t b = blk; b < blk + n; b++) {
+        m->cur[b] = ++m->ver;
+        if (in_place && !m->remapped[b]) {
+            m->dur[b] = m->cur[b];
+        } else if (!in_place) {
+            m->remapped[b] = true;
+        }
+    }
+}
+
+static void mb_commit(Mb *m)
+{
+    g_assert_cmpint(extree_commit(m->t), ==, 0);
+    for (int b = 0; b < MB_BLOCKS; b++) {
+        m->dur[b] = m->cur[b];
+        m->remapped[b] = false;
+    }
+    for (int i = 0; i < MB_NBM; i++) {
+        MbBitmap *bm = &m->bm[i];
+        uint64_t len;
+
+        if (bm->clear_pending) {
+            memcpy(bm->base, bm->pbase, sizeof(bm->base));
+            memcpy(bm->loose, bm->ploose, sizeof(bm->loose));
+            bm->clear_pending = false;
+        }
+        bm->cenabled = bm->enabled;
+        g_free(bm->cbits);
+        bm->cbits = bits_of(m->t, i ? "b1" : "b0", &len);
+    }
+    memcpy(m->at_commit, m->dur, sizeof(m->dur));
+}
+
+static void mb_verify(Mb *m)
+{
+    for (int i = 0; i < MB_NBM; i++) {
+        MbBitmap *bm = &m->bm[i];
+        uint64_t len, per = bm->gran / BS;
+        uint8_t *bits = bits_of(m->t, i ? "b1" : "b0", &len);
+        ExtreeBitmapInfo info;
+
+        extree_bitmap_info(m->t, i, &info);
+        g_assert_cmpint(info.enabled, ==, bm->cenabled);
+        for (uint64_t g = 0; g < MB_BLOCKS / per; g++) {
+            bool set = bits[g / 8] & (1 << (g % 8));
+            bool changed = false, touched = false;
+
+            for (uint64_t b = g * per; b < (g + 1) * per; b++) {
+                changed |= m->dur[b] != bm->base[b];
+                touched |= m->dur[b] != bm->loose[b];
+            }
+            if (!bm->cenabled) {
+                /* a disabled bitmap is what it was when committed */
+                g_assert_cmpint(set, ==,
+                                !!(bm->cbits[g / 8] & (1 << (g % 8))));
+                continue;
+            }
+            if (changed && !set) {
+                g_error("bitmap %d: granule %" PRIu64 " changed, not set",
+                        i, g);
+            }
+            if (set && !touched) {
+                g_error("bitmap %d: granule %" PRIu64 " set, untouched",
+                        i, g);
+            }
+        }
+        g_free(bits);
+    }
+}
+
+/* The model says when to commit: the core must not on its own */
+static Extree *mb_open(ExtreeBackend *be)
+{
+    ExtreeOpenOptions o = { .commit_by_caller = true,
+                            .dirty_limit = UINT64_MAX / 2 };
+    Extree *t = NULL;
+    char *err = NULL;
+
+    g_assert_cmpint(extree_open(be, &o, &t, &err), ==, 0);
+    return t;
+}
+
+static void test_model(void)
+{
+    Mb m = { .rng = test_seed("bitmap model", 20261206) };
+    uint64_t vsize = (uint64_t)MB_BLOCKS * BS;
+
+    m.be = ct_create(vsize, BS, NS);
+    m.t = mb_open(m.be);
+    ct_write(m.t, 0, vsize);
+    m.bm[0].gran = BS;
+    m.bm[1].gran = 4 * BS;
+    g_assert_cmpint(extree_bitmap_add(m.t, "b0", BS, true), ==, 0);
+    g_assert_cmpint(extree_bitmap_add(m.t, "b1", 4 * BS, true), ==, 0);
+    m.bm[0].enabled = m.bm[1].enabled = true;
+    mb_commit(&m);
+    for (int i = 0; i < MB_NBM; i++) {
+        memcpy(m.bm[i].base, m.dur, sizeof(m.dur));
+        memcpy(m.bm[i].loose, m.dur, sizeof(m.dur));
+    }
+
+    for (int op = 0; op < 3000; op++) {
+        uint64_t r = model_rand_below(&m.rng, 100);
+        uint64_t blk = model_rand_below(&m.rng, MB_BLOCKS);
+        uint64_t n = 1 + model_rand_below(&m.rng, MIN(8, MB_BLOCKS - blk));
+        int i = model_rand_below(&m.rng, MB_NBM);
+        MbBitmap *bm = &m.bm[i];
+
+        if (r < 40) {
+            /* a write: in place where allowed, block by block */
+            for (uint64_t b = blk; b < blk + n; b++) {
+                if (extree_bitmaps_in_place(m.t, b * BS, BS)) {
+                    mb_change(&m, b, 1, true);
+                } else {
+                    ct_write(m.t, b * BS, BS);
+                    mb_change(&m, b, 1, false);
+                }
+            }
+        } else if (r < 50) {
+            g_assert_cmpint(extree_set_zero(m.t, blk * BS, n * BS), ==, 0);
+            mb_change(&m, blk, n, false);
+        } else if (r < 55) {
+            g_assert_cmpint(extree_punch(m.t, blk * BS, n * BS), ==, 0);
+            mb_change(&m, blk, n, false);
+        } else if (r < 60) {
+            /* QEMU cleared it: the next commit takes that */
+            uint8_t *zero = g_malloc0(extree_bitmap_bytes(m.t, i));
+
+            g_assert_cmpint(extree_bitmap_sync(m.t, i, zero, bm->enabled,
+                                               false), ==, 0);
+            g_free(zero);
+            bm->clear_pending = true;
+            memcpy(bm->pbase, m.dur, sizeof(m.dur));
+            memcpy(bm->ploose, m.at_commit, sizeof(m.at_commit));
+            /* changes of this transaction before the clear stay marked */
+            for (int b = 0; b < MB_BLOCKS; b++) {
+                if (m.remapped[b]) {
+                    bm->pbase[b] = bm->ploose[b] = 0;
+                }
+            }
+        } else if (r < 62 && bm->enabled && op > 1500) {
+            /*
+             * Disabled in QEMU, its bits as the core has them (enabling it
+             * again would leave out what changed meanwhile, as QEMU's
+             * would: not modelled)
+             */
+            uint64_t len;
+            uint8_t *bits = bits_of(m.t, i ? "b1" : "b0", &len);
+
+            bm->enabled = false;
+            g_assert_cmpint(extree_bitmap_sync(m.t, i, bits, false, false),
+                            ==, 0);
+            g_free(bits);
+        } else if (r < 75) {
+            mb_commit(&m);
+        } else if (r < 78) {
+            bool commit = model_rand_below(&m.rng, 2);
+
+            if (commit) {
+                mb_commit(&m);
+            }
+            extree_close(m.t);
+            m.t = mb_open(m.be);
+            for (int b = 0; b < MB_BLOCKS; b++) {
+                m.cur[b] = m.dur[b];
+                m.remapped[b] = false;
+            }
+            for (int j = 0; j < MB_NBM; j++) {
+                m.bm[j].enabled = m.bm[j].cenabled;
+                m.bm[j].clear_pending = false;
+            }
+            mb_verify(&m);
+        }
+    }
+    mb_commit(&m);
+    mb_verify(&m);
+    ct_check_clean(m.t, NULL);
+    extree_close(m.t);
+    for (int i = 0; i < MB_NBM; i++) {
+        g_free(m.bm[i].cbits);
+    }
+    extree_mem_backend_free(m.be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -473,5 +697,6 @@ int main(int argc, char **argv)
     g_test_add_func("/bitmap/revert-marks", test_revert_marks);
     g_test_add_func("/bitmap/damage", test_damage);
     g_test_add_func("/bitmap/check-repair", test_check_repair);
+    g_test_add_func("/bitmap/model", test_model);
     return g_test_run();
 }
