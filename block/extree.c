@@ -877,10 +877,11 @@ extree_get_specific_info(BlockDriverState *bs, Error **errp)
         x->has_compression_type = s->compress_alg == EXTREE_COMPRESS_ZLIB;
 #endif
     }
-    if (extree_incompat_features(s->t) & EXTREE_INCOMPAT_BITMAPS) {
+    if (extree_bitmap_count(s->t)) {
         ImageInfoSpecificExtree *x = spec_info->u.extree.data;
         Qcow2BitmapInfoList **tail = &x->bitmaps;
 
+        /* as qcow2's: listed when there are some */
         x->has_bitmaps = true;
         for (unsigned i = 0; i < extree_bitmap_count(s->t); i++) {
             Qcow2BitmapInfo *bi = g_new0(Qcow2BitmapInfo, 1);
