@@ -79,7 +79,10 @@ bool xt_bitmaps_any(BDRVExtreeState *s)
 
 /*
  * Give the core QEMU's persistent bitmaps before a commit: new ones are
- * added, the bits of each are QEMU's plus this transaction's marks.
+ * added, the bits of each are QEMU's plus the core's marks of changes
+ * whose requests may not have returned yet (kept since the node last
+ * drained: QEMU marks a request when it returns, which may be after the
+ * commit that stored it: an emulated FUA flush, a request in pieces).
  * Unless @full, a bitmap QEMU changed only by guest writes since the last
  * sync is skipped (its change counter, patches/qemu/0012, says so).  A
  * bitmap with a successor (a backup job runs) is frozen in QEMU and its
@@ -97,6 +100,8 @@ void xt_bitmaps_sync(BDRVExtreeState *s, bool full)
     if (!s->t || s->core_read_only || s->inactive) {
         return;
     }
+    full |= s->bitmaps_resync;
+    s->bitmaps_resync = false;
     vsize = extree_virtual_size(s->t);
     if (s->bitmap_removing &&
         !bdrv_find_dirty_bitmap(s->bs, s->bitmap_removing)) {

@@ -220,6 +220,8 @@ xt_commit_now(BDRVExtreeState *s)
         return 0;
     }
     assert(s->io_inflight == 0);
+    /* no request in flight: QEMU's bitmaps have every change */
+    extree_bitmaps_marks_reflected(s->t);
     xt_bitmaps_sync(s, true);
     if (!extree_is_dirty(s->t)) {
         return 0;

@@ -205,6 +205,12 @@ typedef struct BDRVExtreeState {
      * took its bits (uint64_t *).  Protected by lock.
      */
     GHashTable *bitmap_gens;
+    /*
+     * The core's marks were dropped since a sync that added them: the
+     * next commit syncs every bitmap.  Set in .bdrv_drain_end (drained),
+     * otherwise protected by lock.
+     */
+    bool bitmaps_resync;
 } BDRVExtreeState;
 
 /*

@@ -166,6 +166,22 @@ static void extree_drain_begin(BlockDriverState *bs)
     }
 }
 
+/*
+ * Drained: every request has returned and QEMU's bitmaps have its marks,
+ * so the core's marks kept for requests in flight can go
+ * (extree_bitmaps_keep_marks()).  Nothing else uses the handle now.
+ */
+static void extree_drain_end(BlockDriverState *bs)
+{
+    BDRVExtreeState *s = bs->opaque;
+
+    if (s->t && extree_bitmaps_have_marks(s->t)) {
+        extree_bitmaps_marks_reflected(s->t);
+        /* a sync that took them stored more than QEMU has: redo it */
+        s->bitmaps_resync = true;
+    }
+}
+
 /* ---- Probe, open, close ---- */
 
 static int extree_probe(const uint8_t *buf, int buf_size, const char *filename)
@@ -278,6 +294,8 @@ static void GRAPH_RDLOCK xt_install_core(BDRVExtreeState *s, Extree *t,
 
     s->t = t;
     s->core_read_only = read_only;
+    /* QEMU marks its bitmaps when a request has returned (extree-dirty.c) */
+    extree_bitmaps_keep_marks(t);
     s->file_len = -1;
     s->grow_off = false;
     s->block_size = extree_block_size(t);
@@ -1650,6 +1668,7 @@ static BlockDriver bdrv_extree = {
     .bdrv_detach_aio_context        = extree_detach_aio_context,
     .bdrv_attach_aio_context        = extree_attach_aio_context,
     .bdrv_drain_begin               = extree_drain_begin,
+    .bdrv_drain_end                 = extree_drain_end,
 };
 
 static void bdrv_extree_init(void)

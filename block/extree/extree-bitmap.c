@@ -288,9 +288,10 @@ int extree_bitmap_check_new(Extree *t, const char *name, uint64_t granularity,
     }
     if (!extree_is_pow2_in(granularity, t->block_size,
                            (uint64_t)1 << EXTREE_BITMAP_GRAN_MAX_BITS)) {
-        *why = g_strdup_printf("granularity %" PRIu64 " is not a power of "
-                               "two from the block size (%u) to %llu",
-                               granularity, t->block_size,
+        *why = g_strdup_printf("granularity %" PRIu64 " must be a power "
+                               "of two, at least the image's block size "
+                               "(%u) and at most %llu", granularity,
+                               t->block_size,
                                1ULL << EXTREE_BITMAP_GRAN_MAX_BITS);
         return -EINVAL;
     }
@@ -412,7 +413,10 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
         }
     }
     if (enabled) {
-        /* changes of this transaction whose requests have not returned */
+        /*
+         * changes whose requests may not have told the caller yet: this
+         * transaction's, or those since extree_bitmaps_marks_reflected()
+         */
         for (guint m = 0; m < t->bitmap_marks->len; m++) {
             ExtreeBitmapMark *mk = &g_array_index(t->bitmap_marks,
                                                   ExtreeBitmapMark, m);
@@ -654,9 +658,26 @@ int extree_bitmaps_write(Extree *t)
     return ret;
 }
 
-void extree_bitmaps_commit_done(Extree *t)
+void extree_bitmaps_keep_marks(Extree *t)
+{
+    t->bitmap_marks_kept = true;
+}
+
+void extree_bitmaps_marks_reflected(Extree *t)
 {
     if (t->bitmap_marks) {
+        g_array_set_size(t->bitmap_marks, 0);
+    }
+}
+
+bool extree_bitmaps_have_marks(Extree *t)
+{
+    return t->bitmap_marks && t->bitmap_marks->len;
+}
+
+void extree_bitmaps_commit_done(Extree *t)
+{
+    if (t->bitmap_marks && !t->bitmap_marks_kept) {
         g_array_set_size(t->bitmap_marks, 0);
     }
     if (!t->bitmaps_dirty) {

@@ -713,6 +713,8 @@ struct Extree {
     bool bitmaps_dirty;
     unsigned bitmaps_enabled;
     GArray *bitmap_marks;
+    /* extree_bitmaps_keep_marks(): commits keep @bitmap_marks */
+    bool bitmap_marks_kept;
     /*
      * A checker's handle: what was wrong with the bitmaps it left out
      * (extree_bitmaps_load()), NULL if nothing

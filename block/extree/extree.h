@@ -654,13 +654,24 @@ uint64_t extree_bitmap_bytes(Extree *t, unsigned i);
 void extree_bitmap_read(Extree *t, unsigned i, uint8_t *buf);
 /*
  * The bitmap's content becomes @buf (extree_bitmap_bytes() bytes), plus
- * its own if @keep, plus, if @enabled, what this transaction changed (its
- * requests may not have told the caller yet); @enabled becomes its state.
+ * its own if @keep, plus, if @enabled, the marks (what this transaction
+ * changed, see extree_bitmaps_keep_marks()); @enabled becomes its state.
  * What a caller that keeps its own copy of the bits (QEMU's) calls before
  * each commit, so that a clear, merge or disable made there is committed.
  */
 int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
                        bool enabled, bool keep);
+/*
+ * The marks extree_bitmap_sync() adds: by default the changes of the
+ * running transaction.  A caller whose copy learns of a change only when
+ * its request has returned, which may be after the commit that stored it
+ * (QEMU: after an emulated FUA flush, between the pieces of a request),
+ * keeps them across commits instead, and says when every change so far is
+ * in its copy (no request in flight: a drained node).
+ */
+void extree_bitmaps_keep_marks(Extree *t);
+void extree_bitmaps_marks_reflected(Extree *t);
+bool extree_bitmaps_have_marks(Extree *t);
 /*
  * May guest [guest, + bytes) be written in place as far as the bitmaps are
  * concerned?  Only if every enabled bitmap has all its granules set, both
