@@ -176,6 +176,46 @@ static void bitmaps_changed(Extree *t)
 
 /* ---- Marks: every change of the live tree's guest range ---- */
 
+/* Kept marks (extree_bitmaps_keep_marks()) beyond this many get coarser */
+#define MARKS_MAX 16384
+
+static int mark_cmp(const void *a, const void *b)
+{
+    const ExtreeBitmapMark *x = a, *y = b;
+
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/*
+ * Bound the marks' memory while no drain drops them: sorted, merged, and
+ * neighbours joined across their gaps until half the limit is left.  Only
+ * a sync uses them, as a superset of what may be missing from the
+ * caller's copy: a wider range costs false positives, never a miss.
+ */
+static void marks_coarsen(Extree *t)
+{
+    GArray *m = t->bitmap_marks;
+
+    while (m->len > MARKS_MAX / 2) {
+        guint out = 0;
+
+        g_array_sort(m, mark_cmp);
+        for (guint i = 0; i < m->len; i++) {
+            ExtreeBitmapMark *cur = &g_array_index(m, ExtreeBitmapMark, i);
+            ExtreeBitmapMark *last = out ?
+                &g_array_index(m, ExtreeBitmapMark, out - 1) : NULL;
+
+            /* every other one joins its predecessor */
+            if (last && (cur->start <= last->end || (i & 1))) {
+                last->end = MAX(last->end, cur->end);
+            } else {
+                g_array_index(m, ExtreeBitmapMark, out++) = *cur;
+            }
+        }
+        g_array_set_size(m, out);
+    }
+}
+
 void extree_bitmaps_mark(Extree *t, uint64_t guest, uint64_t bytes)
 {
     uint64_t end = MIN(guest + bytes, t->virtual_size);
@@ -194,6 +234,9 @@ void extree_bitmaps_mark(Extree *t, uint64_t guest, uint64_t bytes)
     } else {
         ExtreeBitmapMark m = { guest, end };
         g_array_append_val(t->bitmap_marks, m);
+        if (t->bitmap_marks->len > MARKS_MAX) {
+            marks_coarsen(t);
+        }
     }
     for (guint i = 0; t->bitmaps_enabled && i < t->bitmaps->len; i++) {
         ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);

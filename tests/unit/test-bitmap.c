@@ -570,6 +570,49 @@ static void mb_verify(Mb *m)
     }
 }
 
+/*
+ * Kept marks (a caller whose copy learns of changes late) survive commits
+ * and are added by every sync until the caller says its copy has them;
+ * beyond their memory bound they grow coarser, never smaller
+ */
+static void test_kept_marks(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE * 4, BS, NS);
+    Extree *t = ct_open(be);
+    uint64_t n, blocks = VSIZE * 4 / BS;
+    uint8_t *zero;
+
+    extree_bitmaps_keep_marks(t);
+    g_assert_cmpint(extree_bitmap_add(t, "b0", BS, true), ==, 0);
+    n = extree_bitmap_bytes(t, 0);
+    zero = g_malloc0(n);
+    ct_write(t, 0, BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_true(extree_bitmaps_have_marks(t));
+    g_assert_cmpint(extree_bitmap_sync(t, 0, zero, true, false), ==, 0);
+    assert_set(t, "b0", "0");
+    extree_bitmaps_marks_reflected(t);
+    g_assert_false(extree_bitmaps_have_marks(t));
+    g_assert_cmpint(extree_bitmap_sync(t, 0, zero, true, false), ==, 0);
+    g_assert_cmpuint(dirty(t, "b0"), ==, 0);
+
+    /* every other block: more marks than the bound */
+    for (uint64_t b = 0; b < blocks; b += 2) {
+        g_assert_cmpint(extree_punch(t, b * BS, BS), ==, 0);
+    }
+    g_assert_cmpint(extree_bitmap_sync(t, 0, zero, true, false), ==, 0);
+    /* coarser: the gaps between joined marks are set too */
+    g_assert_cmpuint(dirty(t, "b0"), >, blocks / 2);
+    for (uint64_t b = 0; b < blocks; b += 2) {
+        g_assert_true(granule_set(t, "b0", b));
+    }
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_check_clean(t, NULL);
+    g_free(zero);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 /* The model says when to commit: the core must not on its own */
 static Extree *mb_open(ExtreeBackend *be)
 {
@@ -698,5 +741,6 @@ int main(int argc, char **argv)
     g_test_add_func("/bitmap/damage", test_damage);
     g_test_add_func("/bitmap/check-repair", test_check_repair);
     g_test_add_func("/bitmap/model", test_model);
+    g_test_add_func("/bitmap/kept-marks", test_kept_marks);
     return g_test_run();
 }
