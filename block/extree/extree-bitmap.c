@@ -568,6 +568,37 @@ static uint32_t dir_csum(const uint8_t *buf, uint64_t len)
     return extree_crc32c(c, buf + BH_OFF(csum) + 4, len - BH_OFF(csum) - 4);
 }
 
+/*
+ * The chunks of @bm this commit writes: one contiguous range for all of
+ * them if the allocator has one (*@run chunks at *@host), else none (they
+ * are placed one by one)
+ */
+static int prepare_run(Extree *t, ExtreeBitmap *bm, uint64_t *run,
+                       uint64_t *host)
+{
+    uint64_t n = 0;
+    int ret;
+
+    for (uint64_t c = 0; c < bm->nchunks; c++) {
+        size_t off = c * t->block_size;
+
+        if (bm->chunk_state[c] == CHUNK_MOVED ||
+            (bm->chunk_state[c] == CHUNK_CHANGED &&
+             memcmp(bm->bits + off, bm->cbits + off, t->block_size))) {
+            n += !chunk_zero(t, bm, c);
+        }
+    }
+    *run = 0;
+    if (n < 2) {
+        return 0;
+    }
+    ret = extree_alloc_contig(t, n * t->block_size, host);
+    if (ret == 0) {
+        *run = n;
+    }
+    return ret == -ENOSPC ? 0 : ret;
+}
+
 int extree_bitmaps_prepare(Extree *t)
 {
     uint64_t len;
@@ -578,7 +609,12 @@ int extree_bitmaps_prepare(Extree *t)
     }
     for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
         ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+        uint64_t run = 0, run_host = 0;
 
+        ret = prepare_run(t, bm, &run, &run_host);
+        if (ret < 0) {
+            return ret;
+        }
         for (uint64_t c = 0; c < bm->nchunks; c++) {
             size_t off = c * t->block_size;
 
@@ -601,7 +637,14 @@ int extree_bitmaps_prepare(Extree *t)
                 bm->chunk_csum[c] = 0;
             }
             bm->chunk_state[c] = CHUNK_MOVED;
-            if (!chunk_zero(t, bm, c)) {
+            if (!chunk_zero(t, bm, c) && run) {
+                /* in chunk order: the next open reads them in one go */
+                bm->chunk_off[c] = run_host;
+                run_host += t->block_size;
+                run--;
+                bm->chunk_csum[c] = extree_crc32c(0, bm->bits + off,
+                                                  t->block_size);
+            } else if (!chunk_zero(t, bm, c)) {
                 ret = extree_alloc_contig(t, t->block_size,
                                           &bm->chunk_off[c]);
                 if (ret < 0) {
@@ -845,7 +888,7 @@ static int load_chunks(Extree *t, ExtreeBitmap *bm, uint64_t want_count)
 {
     uint64_t count;
 
-    for (uint64_t c = 0; c < bm->nchunks; c++) {
+    for (uint64_t c = 0, run = 0; c < bm->nchunks; c++) {
         uint8_t *p = bm->bits + c * t->block_size;
         uint32_t sum;
         int ret;
@@ -853,11 +896,19 @@ static int load_chunks(Extree *t, ExtreeBitmap *bm, uint64_t want_count)
         if (!bm->chunk_off[c]) {
             continue;
         }
-        ret = t->be->ops->pread(t->be->opaque, bm->chunk_off[c], p,
-                                t->block_size);
-        if (ret < 0) {
-            return ret;
+        if (!run) {
+            /* chunks stored one after the other are read at once */
+            for (run = 1; c + run < bm->nchunks &&
+                 bm->chunk_off[c + run] ==
+                 bm->chunk_off[c] + run * t->block_size; run++) {
+            }
+            ret = t->be->ops->pread(t->be->opaque, bm->chunk_off[c], p,
+                                    run * t->block_size);
+            if (ret < 0) {
+                return ret;
+            }
         }
+        run--;
         sum = extree_crc32c(0, p, t->block_size);
         if (sum != bm->chunk_csum[c]) {
             return extree_corrupt(t, bm->chunk_off[c], "corrupt bitmap chunk "

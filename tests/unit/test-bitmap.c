@@ -608,6 +608,21 @@ static void test_kept_marks(void)
     }
     g_assert_cmpint(extree_commit(t), ==, 0);
     ct_check_clean(t, NULL);
+    /* two chunks, stored one after the other, read back in one go */
+    {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, 0);
+        uint64_t len;
+        uint8_t *before = bits_of(t, "b0", &len), *after;
+
+        g_assert_cmpuint(bm->nchunks, ==, 2);
+        g_assert_cmpuint(bm->chunk_off[1], ==, bm->chunk_off[0] + BS);
+        extree_close(t);
+        t = ct_open(be);
+        after = bits_of(t, "b0", &len);
+        g_assert_true(memcmp(before, after, len) == 0);
+        g_free(before);
+        g_free(after);
+    }
     g_free(zero);
     extree_close(t);
     extree_mem_backend_free(be);
