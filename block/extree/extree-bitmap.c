@@ -898,9 +898,11 @@ static int load_chunks(Extree *t, ExtreeBitmap *bm, uint64_t want_count)
         }
         if (!run) {
             /* chunks stored one after the other are read at once */
-            for (run = 1; c + run < bm->nchunks &&
-                 bm->chunk_off[c + run] ==
-                 bm->chunk_off[c] + run * t->block_size; run++) {
+            run = 1;
+            while (c + run < bm->nchunks &&
+                   bm->chunk_off[c + run] ==
+                   bm->chunk_off[c] + run * t->block_size) {
+                run++;
             }
             ret = t->be->ops->pread(t->be->opaque, bm->chunk_off[c], p,
                                     run * t->block_size);
