@@ -115,7 +115,7 @@ for fmt in "${fmts[@]}"; do
     tests=("${generic[@]}")
     if [ "$fmt" = extree ]; then
         qemu_extree_tests
-        mapfile -t own < <(cd "$iot" && ls tests/ 2>/dev/null | grep '^extree' | grep -v '\.out$' | grep -v '\.rc$')
+        mapfile -t own < <(cd "$iot" && ls tests/ 2>/dev/null | grep '^extree' | grep -v -E '\.(out|rc)$|\.out\.')
         tests+=("${own[@]}")
     fi
     echo "iotests -$fmt: ${#tests[@]} tests"
