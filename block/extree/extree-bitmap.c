@@ -159,6 +159,7 @@ static bool set_range(Extree *t, ExtreeBitmap *bm, uint64_t g0, uint64_t g1)
             g += n;
         }
         bm->count += added;
+        t->bitmap_new_granules += added;
         if (bm->chunk_state[c] == CHUNK_CLEAN) {
             bm->chunk_state[c] = CHUNK_CHANGED;
         }
@@ -766,6 +767,7 @@ void extree_bitmaps_commit_done(Extree *t)
     if (t->bitmap_marks && !t->bitmap_marks_kept) {
         g_array_set_size(t->bitmap_marks, 0);
     }
+    t->bitmap_new_granules = 0;
     if (!t->bitmaps_dirty) {
         return;
     }

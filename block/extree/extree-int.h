@@ -716,6 +716,12 @@ struct Extree {
     /* extree_bitmaps_keep_marks(): commits keep @bitmap_marks */
     bool bitmap_marks_kept;
     /*
+     * Granules this transaction set: until they are committed, writes to
+     * them go to new space (extree_bitmaps_in_place()), so a commit is
+     * wanted soon (EXTREE_BITMAP_COMMIT_GRANULES)
+     */
+    uint64_t bitmap_new_granules;
+    /*
      * A checker's handle: what was wrong with the bitmaps it left out
      * (extree_bitmaps_load()), NULL if nothing
      */
@@ -1095,6 +1101,8 @@ int extree_sb_read(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
 int extree_snap_table_load(Extree *t, const ExtreeSuper *sb);
 
 /* extree-bitmap.c */
+/* New marks that ask for a commit: later writes to them go in place */
+#define EXTREE_BITMAP_COMMIT_GRANULES 256
 int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate);
 void extree_bitmaps_drop_damaged(Extree *t);
 void extree_bitmaps_free(Extree *t);
