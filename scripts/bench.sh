@@ -31,7 +31,8 @@ usage: scripts/bench.sh [options]            (or: make bench BENCH_ARGS="...")
                      convert-raw convert-null bench-read-d1 bench-read-d32
                      bench-read-d1-cache8m bench-read-d32-cache8m
                      bench-write-d1 bench-write-d32 callgrind snapshot
-                     (default: each scenario's set, and snapshot)
+                     bitmaps
+                     (default: each scenario's set, snapshot and bitmaps)
   --dir DIR          scratch directory for the filesystem images, mounts and
                      results (default: build/bench)
   --image-fs FS      filesystem holding the qcow2 and extree images (xfs)
@@ -88,7 +89,8 @@ py=/usr/bin/python3
 need=()
 for c in mkfs.btrfs:btrfs-progs mkfs.xfs:xfsprogs xfs_io:xfsprogs \
          mkfs.ext4:e2fsprogs valgrind:valgrind callgrind_annotate:valgrind \
-         losetup:mount fstrim:util-linux /usr/bin/time:time $py:python3; do
+         losetup:mount fstrim:util-linux /usr/bin/time:time $py:python3 \
+         fio:fio nbdinfo:libnbd-bin; do
     command -v "${c%%:*}" >/dev/null || need+=("${c#*:}")
 done
 if [ "$report" = 1 ] && ! $py -c 'import matplotlib' 2>/dev/null; then
@@ -193,8 +195,10 @@ cmdline="scripts/bench.sh${orig_args[*]:+ ${orig_args[*]}}"
 pyargs=(--top "$top" --dir "$dir" --scale "$scale" --runs "$runs"
         --scenarios "$scenarios" --formats "$formats" --image-fs "$image_fs"
         --max-image-gib "$max_gib" --cmdline "$cmdline")
-# snapshot is bench-snapshot.py's, below; the rest are bench.py's
-py_measures=$(echo ",$measures," | sed 's/,snapshot,/,/g; s/^,//; s/,$//')
+# snapshot and bitmaps are bench-snapshot.py's and bench-bitmaps.py's,
+# below; the rest are bench.py's
+py_measures=$(echo ",$measures," |
+              sed 's/,snapshot,/,/g; s/,bitmaps,/,/g; s/^,//; s/,$//')
 [ -n "$py_measures" ] && pyargs+=(--measures "$py_measures")
 [ -n "$bench_secs" ] && pyargs+=(--bench-secs "$bench_secs")
 [ "$append" = 1 ] && pyargs+=(--append)
@@ -220,6 +224,16 @@ if [ -z "$measures" ] || [[ ",$measures," == *,snapshot,* ]]; then
         --dir "$dir/mnt/$image_fs/snapshot" --max-image-gib "$max_gib" \
         --results "$dir/results/${scale//\//-}" ||
         die "scripts/bench-snapshot.py failed"
+fi
+
+# Persistent dirty bitmaps (issue 32): open with bitmaps, the NBD map of
+# one, writes with one enabled, their space; extree against qcow2 on S2
+# (scripts/bench-bitmaps.py, results also in docs/bitmaps.rst)
+if [ -z "$measures" ] || [[ ",$measures," == *,bitmaps,* ]]; then
+    $py "$top/scripts/bench-bitmaps.py" --scale "$scale" --runs "$runs" \
+        --dir "$dir/mnt/$image_fs/bitmaps" \
+        --out "$dir/results/${scale//\//-}/bitmaps.csv" ||
+        die "scripts/bench-bitmaps.py failed"
 fi
 
 if [ "$report" = 1 ]; then
