@@ -189,6 +189,20 @@ static bool set_range(Extree *t, ExtreeBitmap *bm, uint64_t g0, uint64_t g1)
     return changed;
 }
 
+/* Chunk @c of @bm loses its block (freed at commit), if it has one */
+static int chunk_release(Extree *t, ExtreeBitmap *bm, uint64_t c)
+{
+    int ret = 0;
+
+    if (bm->chunk_off[c]) {
+        ret = t->sm.ops->dec_ref(t->sm.opaque, bm->chunk_off[c],
+                                 t->block_size, false);
+        bm->chunk_off[c] = 0;
+        bm->chunk_csum[c] = 0;
+    }
+    return ret;
+}
+
 static void bitmaps_changed(Extree *t)
 {
     t->bitmaps_dirty = true;
@@ -417,13 +431,9 @@ int extree_bitmap_remove(Extree *t, const char *name)
     }
     bm = g_ptr_array_index(t->bitmaps, i);
     for (uint64_t c = 0; c < bm->nchunks; c++) {
-        if (bm->chunk_off[c]) {
-            ret = t->sm.ops->dec_ref(t->sm.opaque, bm->chunk_off[c],
-                                     t->block_size, false);
-            if (ret < 0) {
-                return ret;
-            }
-            bm->chunk_off[c] = 0;
+        ret = chunk_release(t, bm, c);
+        if (ret < 0) {
+            return ret;
         }
     }
     t->bitmaps_enabled -= bm->enabled;
@@ -537,12 +547,10 @@ int extree_bitmaps_resize(Extree *t, uint64_t size)
             continue;
         }
         for (uint64_t c = nch; c < bm->nchunks; c++) {
-            if (bm->chunk_off[c]) {
-                int ret = t->sm.ops->dec_ref(t->sm.opaque, bm->chunk_off[c],
-                                             bs, false);
-                if (ret < 0) {
-                    return ret;
-                }
+            int ret = chunk_release(t, bm, c);
+
+            if (ret < 0) {
+                return ret;
             }
         }
         bm->bits = g_realloc(bm->bits, nch * bs);
@@ -648,14 +656,9 @@ int extree_bitmaps_prepare(Extree *t)
                 bm->chunk_state[c] = CHUNK_CLEAN;
                 continue;
             }
-            if (bm->chunk_off[c]) {
-                ret = t->sm.ops->dec_ref(t->sm.opaque, bm->chunk_off[c],
-                                         t->block_size, false);
-                if (ret < 0) {
-                    return ret;
-                }
-                bm->chunk_off[c] = 0;
-                bm->chunk_csum[c] = 0;
+            ret = chunk_release(t, bm, c);
+            if (ret < 0) {
+                return ret;
             }
             bm->chunk_state[c] = CHUNK_MOVED;
             if (!chunk_zero(t, bm, c) && run) {
@@ -991,6 +994,14 @@ void extree_bitmaps_drop_damaged(Extree *t)
     bitmaps_changed(t);
 }
 
+/* No bitmap: after damage that fails (or, for a checker, skips) them */
+static void bitmaps_reset(Extree *t)
+{
+    extree_bitmaps_free(t);
+    t->bitmaps = g_ptr_array_new();
+    t->bitmap_marks = g_array_new(false, false, sizeof(ExtreeBitmapMark));
+}
+
 int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
 {
     uint64_t len = sb->bitmap_dir_len, alloc = EXTREE_ROUND_UP(len,
@@ -1053,9 +1064,7 @@ int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
         ret = extree_corrupt(t, sb->bitmap_dir, "corrupt bitmap directory at "
                              "offset 0x%" PRIx64 ": %s", sb->bitmap_dir, why);
         g_free(why);
-        extree_bitmaps_free(t);
-        t->bitmaps = g_ptr_array_new();
-        t->bitmap_marks = g_array_new(false, false, sizeof(ExtreeBitmapMark));
+        bitmaps_reset(t);
         if (tolerate) {
             /* all of them: the directory and every chunk are leaks */
             note_bad(t);
@@ -1087,9 +1096,7 @@ int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
     }
     g_free(buf);
     if (ret < 0) {
-        extree_bitmaps_free(t);
-        t->bitmaps = g_ptr_array_new();
-        t->bitmap_marks = g_array_new(false, false, sizeof(ExtreeBitmapMark));
+        bitmaps_reset(t);
     }
     return ret;
 }
