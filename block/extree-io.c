@@ -656,9 +656,13 @@ xt_write_mode(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     if (ret < 0 || *in_place) {
         return ret;
     }
-    ret = xt_in_place(s, run, start, bsz, &head);
-    if (ret < 0) {
-        return ret;
+    /* a single block was just asked about */
+    head = false;
+    if (end - start > bsz) {
+        ret = xt_in_place(s, run, start, bsz, &head);
+        if (ret < 0) {
+            return ret;
+        }
     }
     if (head) {
         /* the unshared head, found by doubling (the whole is shared) */

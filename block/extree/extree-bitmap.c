@@ -179,7 +179,6 @@ static bool set_range(Extree *t, ExtreeBitmap *bm, uint64_t g0, uint64_t g1)
             g += n;
         }
         bm->count += added;
-        t->bitmap_new_granules += added;
         if (bm->chunk_state[c] == CHUNK_CLEAN) {
             bm->chunk_state[c] = CHUNK_CHANGED;
         }
@@ -289,19 +288,29 @@ void extree_bitmaps_mark(Extree *t, uint64_t guest, uint64_t bytes)
 bool extree_bitmaps_in_place(Extree *t, uint64_t guest, uint64_t bytes)
 {
     uint64_t end = MIN(guest + bytes, t->virtual_size);
+    bool ok = true, after_commit = true;
 
     for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
         ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
         uint64_t g0 = guest >> bm->gran_bits;
         uint64_t g1 = ngranules(end, bm->gran_bits);
+        bool set;
 
         /* enabled now or in the committed state a crash returns to */
-        if ((bm->enabled || bm->cenabled) && guest < end &&
-            (!all_set(bm->bits, g0, g1) || !all_set(bm->cbits, g0, g1))) {
-            return false;
+        if (!(bm->enabled || bm->cenabled) || guest >= end) {
+            continue;
+        }
+        set = all_set(bm->bits, g0, g1);
+        if (!set || !all_set(bm->cbits, g0, g1)) {
+            ok = false;
+            /* the next commit makes the bits committed, @enabled too */
+            after_commit &= set || !bm->enabled;
         }
     }
-    return true;
+    if (!ok && after_commit) {
+        t->bitmap_held++;
+    }
+    return ok;
 }
 
 /* ---- The public operations ---- */
@@ -790,7 +799,7 @@ void extree_bitmaps_commit_done(Extree *t)
     if (t->bitmap_marks && !t->bitmap_marks_kept) {
         g_array_set_size(t->bitmap_marks, 0);
     }
-    t->bitmap_new_granules = 0;
+    t->bitmap_held = 0;
     if (!t->bitmaps_dirty) {
         return;
     }

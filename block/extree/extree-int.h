@@ -716,11 +716,13 @@ struct Extree {
     /* extree_bitmaps_keep_marks(): commits keep @bitmap_marks */
     bool bitmap_marks_kept;
     /*
-     * Granules this transaction set: until they are committed, writes to
-     * them go to new space (extree_bitmaps_in_place()), so a commit is
-     * wanted soon (EXTREE_BITMAP_COMMIT_GRANULES)
+     * Writes refused in place only because the marks they need are not
+     * committed yet (extree_bitmaps_in_place()): they go to new space, as
+     * would later ones to the same granules until a commit, so enough of
+     * them ask for one (EXTREE_BITMAP_COMMIT_HELD).  A write that is the
+     * first to its granule does not: a commit would not let it in.
      */
-    uint64_t bitmap_new_granules;
+    uint64_t bitmap_held;
     /*
      * A checker's handle: what was wrong with the bitmaps it left out
      * (extree_bitmaps_load()), NULL if nothing
@@ -1101,8 +1103,8 @@ int extree_sb_read(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
 int extree_snap_table_load(Extree *t, const ExtreeSuper *sb);
 
 /* extree-bitmap.c */
-/* New marks that ask for a commit: later writes to them go in place */
-#define EXTREE_BITMAP_COMMIT_GRANULES 256
+/* Writes held out of place by marks not yet committed that ask for one */
+#define EXTREE_BITMAP_COMMIT_HELD 256
 int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate);
 void extree_bitmaps_drop_damaged(Extree *t);
 void extree_bitmaps_free(Extree *t);

@@ -1050,13 +1050,14 @@ int extree_set_virtual_size(Extree *t, uint64_t size)
  * Too much dirty metadata, or on a backend of fixed size too little room
  * left for the nodes of the commit and of the next update: the space the
  * transaction freed becomes reusable by committing (issue 33).  Or many
- * granules newly marked in bitmaps: writes to them go in place only once
- * the marks are committed.
+ * writes went to new space only because the bitmap marks they need are
+ * not committed yet: later ones to the same granules go in place once
+ * they are.
  */
 bool extree_commit_wanted(const Extree *t)
 {
     return t->ndirty > t->dirty_limit || extree_alloc_room_short(t) ||
-           t->bitmap_new_granules >= EXTREE_BITMAP_COMMIT_GRANULES;
+           t->bitmap_held >= EXTREE_BITMAP_COMMIT_HELD;
 }
 
 /*
