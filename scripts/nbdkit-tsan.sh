@@ -6,11 +6,14 @@
 # writes of zero buffers, and in a loop nbdinfo --map, nbdcopy of the
 # export and NBD write zeroes with and without may-trim (nbdsh), with a
 # commit every second.  Any report fails the script (exit status 1).
+# With "bitmap", the image has an enabled persistent bitmap: the writes
+# then mark it and the first one to each granule goes to new space.
 #
-#   scripts/nbdkit-tsan.sh [SECONDS]        default 20
+#   scripts/nbdkit-tsan.sh [SECONDS [bitmap]]        default 20
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 secs=${1:-20}
+bitmap=${2:-}
 bld=$top/build/tsan
 dir=$(mktemp -d)
 cleanup() {
@@ -31,6 +34,9 @@ meson compile -C "$bld" nbdkit-extree-plugin >/dev/null
 libtsan=$(gcc -print-file-name=libtsan.so)
 
 "$top/build/qemu/qemu-img" create -q -f extree "$dir/t.extree" 256M
+if [ "$bitmap" = bitmap ]; then
+    "$top/build/qemu/qemu-img" bitmap --add "$dir/t.extree" b0
+fi
 sock=$dir/s.sock
 uri="nbd+unix:///?socket=$sock"
 LD_PRELOAD=$libtsan TSAN_OPTIONS="halt_on_error=0 log_path=$dir/tsan" \
@@ -60,4 +66,7 @@ if ls "$dir"/tsan* >/dev/null 2>&1; then
     exit 1          # cleanup prints them
 fi
 "$top/build/qemu/qemu-img" check -q "$dir/t.extree"
+if [ "$bitmap" = bitmap ]; then
+    "$top/build/qemu/qemu-img" info "$dir/t.extree" | grep -q "name: b0"
+fi
 echo "nbdkit-tsan: no ThreadSanitizer report in $secs s; qemu-img check clean"
