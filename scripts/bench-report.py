@@ -29,6 +29,9 @@ _spec.loader.exec_module(images)
 FORMATS = ["extree", "qcow2-64k", "qcow2-4k", "raw-btrfs", "raw-xfs",
            "raw-ext4"]
 SCALE_ORDER = ["full", "quick"]
+# written into docs/performance/full by scripts run on their own
+# (bench-compress.py, bench-crypt.py; bench-bitmaps.py also inside a run)
+STANDALONE = {"compress.csv", "crypt.csv", "bitmaps.csv"}
 MiB = 1024 * 1024
 
 
@@ -798,9 +801,19 @@ def main():
     if a.results:
         meta = json.load(open(os.path.join(a.results, "meta.json")))
         dest = os.path.join(perf, meta["scale"].replace("/", "-"))
+        # a new run replaces the last one's results; what scripts run
+        # on their own wrote there stays unless this run has it too
         if os.path.isdir(dest):
-            shutil.rmtree(dest)
-        os.makedirs(dest)
+            for f in os.listdir(dest):
+                path = os.path.join(dest, f)
+                if f in STANDALONE and not os.path.exists(
+                        os.path.join(a.results, f)):
+                    continue
+                if os.path.isdir(path):
+                    shutil.rmtree(path)
+                else:
+                    os.remove(path)
+        os.makedirs(dest, exist_ok=True)
         for f in sorted(os.listdir(a.results)):
             if f.endswith((".csv", ".json")):
                 shutil.copy2(os.path.join(a.results, f), dest)
