@@ -622,11 +622,15 @@ xt_in_place(BDRVExtreeState *s, const ExtreeRun *run, uint64_t guest,
     }
     /*
      * Persistent bitmaps: a change in place must be marked committed
-     * already (spec: Persistent dirty bitmaps, 2); else it goes to new
-     * space and its mark commits with it
+     * already (spec: Persistent dirty bitmaps, 2), unless no committed
+     * state maps the blocks (allocated in this transaction, their mapping
+     * and its mark not committed yet); else it goes to new space and its
+     * mark commits with it
      */
     *in_place = ret == 0 && !shared &&
-                extree_bitmaps_in_place(s->t, guest, bytes);
+                (extree_data_fresh(s->t, run->host + guest - run->guest,
+                                   bytes) ||
+                 extree_bitmaps_in_place(s->t, guest, bytes));
     return ret;
 }
 

@@ -104,6 +104,7 @@ void extree_alloc_destroy(Extree *t)
     extree_rs_clear(&t->space.pending);
     extree_rs_clear(&t->space.touched);
     extree_rs_clear(&t->space.fresh);
+    extree_rs_clear(&t->space.fresh_data);
     extree_rs_clear(&t->space.rest_avail);
     extree_rs_clear(&t->space.rest_nfree);
     if (t->space.oplog) {
@@ -392,11 +393,35 @@ int extree_alloc_meta(Extree *t, uint64_t *out)
 }
 
 /* Was [start, start + len) allocated as node space in this transaction? */
-static bool is_fresh(Extree *t, uint64_t start, uint64_t len)
+static bool rs_covers(ExtreeRangeSet *set, uint64_t start, uint64_t len)
 {
-    ExtreeRange *r = extree_rs_floor(&t->space.fresh, start);
+    ExtreeRange *r = extree_rs_floor(set, start);
 
     return r && r->start + r->len >= start + len;
+}
+
+static bool is_fresh(Extree *t, uint64_t start, uint64_t len)
+{
+    return rs_covers(&t->space.fresh, start, len);
+}
+
+void extree_alloc_data_fresh_add(Extree *t, uint64_t start, uint64_t len)
+{
+    /* never twice: freed data stays pending until the commit */
+    if (!extree_rs_overlaps(&t->space.fresh_data, start, len)) {
+        extree_rs_add(&t->space.fresh_data, start, len);
+    }
+}
+
+bool extree_alloc_data_is_fresh(Extree *t, uint64_t start, uint64_t len)
+{
+    return rs_covers(&t->space.fresh_data, start, len);
+}
+
+/* A commit begins: what it writes may map the fresh data */
+void extree_alloc_data_fresh_end(Extree *t)
+{
+    extree_rs_clear(&t->space.fresh_data);
 }
 
 bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len)
@@ -959,6 +984,7 @@ void extree_alloc_reset_free(Extree *t, GArray *used)
     extree_rs_clear(&t->space.nfree);
     extree_rs_clear(&t->space.pending);
     extree_rs_clear(&t->space.fresh);
+    extree_rs_clear(&t->space.fresh_data);
     extree_alloc_set_partial(t, 0, 0, 0);
     t->space.resv_start = t->space.resv_end = 0;
     g_array_set_size(t->space.oplog, 0);

@@ -713,8 +713,8 @@ int extree_data_shared(Extree *t, uint64_t guest, uint64_t bytes,
  * most what leaves the room its mapping's guard asks for
  * (extree_alloc_data_allowance()), or -ENOSPC.  O(log n).
  */
-int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
-                      uint64_t *host, uint64_t *got)
+static int alloc_data_place(Extree *t, uint64_t guest, uint64_t bytes,
+                            uint64_t *host, uint64_t *got)
 {
     ExtreeTree *tree = &t->trees[EXTREE_TREE_EXTENT];
     ExtreeItem prev, next;
@@ -755,6 +755,22 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
         return 0;
     }
     return extree_alloc_take_any(t, bytes, host, got);
+}
+
+int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
+                      uint64_t *host, uint64_t *got)
+{
+    int ret = alloc_data_place(t, guest, bytes, host, got);
+
+    if (ret == 0) {
+        extree_alloc_data_fresh_add(t, *host, *got);
+    }
+    return ret;
+}
+
+bool extree_data_fresh(Extree *t, uint64_t host, uint64_t bytes)
+{
+    return !t->broken && extree_alloc_data_is_fresh(t, host, bytes);
 }
 
 /* Return an allocation that was never mapped */

@@ -531,6 +531,12 @@ typedef struct ExtreeSpace {
      * (btrfs_free_tree_block(), dm's sm_disk_new_block())
      */
     ExtreeRangeSet fresh;
+    /*
+     * Data space extree_alloc_data() handed out since the last commit
+     * began: no committed state maps it, so a write into it changes
+     * nothing a crash returns to (extree_data_fresh())
+     */
+    ExtreeRangeSet fresh_data;
     /* ExtreeAllocOp since the last free-tree sync */
     GArray *oplog;
     /*
@@ -921,6 +927,9 @@ void extree_alloc_destroy(Extree *t);
 int extree_alloc_meta(Extree *t, uint64_t *out);
 int extree_alloc_add_free(Extree *t, uint64_t start, uint64_t len);
 bool extree_alloc_is_free(Extree *t, uint64_t start, uint64_t len);
+void extree_alloc_data_fresh_add(Extree *t, uint64_t start, uint64_t len);
+bool extree_alloc_data_is_fresh(Extree *t, uint64_t start, uint64_t len);
+void extree_alloc_data_fresh_end(Extree *t);
 uint64_t extree_alloc_free_bytes(const Extree *t);
 bool extree_alloc_trim_tail(Extree *t);
 int extree_alloc_free(Extree *t, uint64_t start, uint64_t len, bool node);

@@ -695,6 +695,8 @@ int extree_commit(Extree *t)
     if (t->broken || !t->space.alloc_loaded) {
         return t->broken && t->broken_nospace ? -ENOSPC : -EIO;
     }
+    /* from here the data allocated so far may be mapped by a superblock */
+    extree_alloc_data_fresh_end(t);
 
     /*
      * 2. The space map's pre-commit: the reference count and free-space

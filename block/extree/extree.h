@@ -613,6 +613,14 @@ int extree_vmstate_read(Extree *t, uint64_t pos, void *buf, uint64_t bytes);
  */
 int extree_data_shared(Extree *t, uint64_t guest, uint64_t bytes,
                        uint64_t host, bool *shared);
+/*
+ * Was host [host, + bytes) allocated by extree_alloc_data() in the running
+ * transaction?  No committed state maps it then: a write into it is seen
+ * only with the mapping that commits it, which marks the bitmaps, so the
+ * bitmaps need not allow it in place (extree_bitmaps_in_place()).
+ * O(log n).
+ */
+bool extree_data_fresh(Extree *t, uint64_t host, uint64_t bytes);
 
 /* ---- Persistent dirty bitmaps (EXTREE_INCOMPAT_BITMAPS) ---- */
 

@@ -179,6 +179,66 @@ static void test_in_place_rule(void)
     extree_mem_backend_free(be);
 }
 
+/* Host offset of DATA at @guest */
+static uint64_t host_of(Extree *t, uint64_t guest)
+{
+    ExtreeCursor c;
+    ExtreeRun run;
+
+    extree_cursor_init(&c, t);
+    g_assert_cmpint(extree_cursor_query(&c, guest, BS, EXTREE_COALESCE_HOST,
+                                        &run), ==, 0);
+    extree_cursor_release(&c);
+    g_assert_cmpint(run.type, ==, EXTREE_RUN_DATA);
+    return run.host + guest - run.guest;
+}
+
+/*
+ * Data this transaction allocated is no committed state's: writes into it
+ * need no committed mark (its mapping's mark commits with it).  Not after
+ * the commit, nor what was allocated before it, nor after a reopen.
+ */
+static void test_fresh_data(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    uint64_t host, got, old;
+
+    ct_write(t, 0, 4 * G64K);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    old = host_of(t, G64K);
+    g_assert_false(extree_data_fresh(t, old, BS));
+
+    g_assert_cmpint(extree_alloc_data(t, G64K, BS, &host, &got), ==, 0);
+    g_assert_cmpuint(got, ==, BS);
+    g_assert_true(extree_data_fresh(t, host, BS));
+    g_assert_false(extree_data_fresh(t, host, 2 * BS));
+    g_assert_cmpint(extree_map_data(t, G64K, BS, host), ==, 0);
+    g_assert_true(extree_data_fresh(t, host, BS));
+    g_assert_false(extree_data_fresh(t, old, BS));
+    /* the mark is there, not yet committed: only fresh lets it in */
+    g_assert_false(extree_bitmaps_in_place(t, G64K, BS));
+    g_assert_cmpuint(dirty(t, "b0"), ==, 1);
+
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_false(extree_data_fresh(t, host, BS));
+    g_assert_true(extree_bitmaps_in_place(t, G64K, BS));
+
+    /* not across a reopen without a commit either */
+    ct_write(t, 2 * G64K, BS);
+    host = host_of(t, 2 * G64K);
+    g_assert_true(extree_data_fresh(t, host, BS));
+    extree_close(t);
+    t = ct_open(be);
+    g_assert_false(extree_data_fresh(t, host, BS));
+    g_assert_false(extree_data_fresh(t, host_of(t, 2 * G64K), BS));
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 /*
  * A sync takes the caller's bits plus this transaction's changes (their
  * requests may not have returned); @keep keeps the bitmap's own
@@ -510,6 +570,26 @@ static void mb_change(Mb *m, uint64_t blk, uint64_t n, bool in_place)
     }
 }
 
+/* DATA allocated in this transaction, or allowed by the bitmaps */
+static bool mb_in_place(Mb *m, uint64_t b)
+{
+    ExtreeCursor c;
+    ExtreeRun run;
+    bool fresh;
+
+    extree_cursor_init(&c, m->t);
+    g_assert_cmpint(extree_cursor_query(&c, b * BS, BS, EXTREE_COALESCE_HOST,
+                                        &run), ==, 0);
+    extree_cursor_release(&c);
+    if (run.type != EXTREE_RUN_DATA) {
+        return false;
+    }
+    fresh = extree_data_fresh(m->t, run.host + b * BS - run.guest, BS);
+    /* only what this transaction moved (the model's remapped) is fresh */
+    g_assert_true(!fresh || m->remapped[b]);
+    return fresh || extree_bitmaps_in_place(m->t, b * BS, BS);
+}
+
 static void mb_commit(Mb *m)
 {
     g_assert_cmpint(extree_commit(m->t), ==, 0);
@@ -667,9 +747,12 @@ static void test_model(void)
         MbBitmap *bm = &m.bm[i];
 
         if (r < 40) {
-            /* a write: in place where allowed, block by block */
+            /*
+             * a write: in place where allowed, block by block, as QEMU's
+             * driver decides it (xt_in_place())
+             */
             for (uint64_t b = blk; b < blk + n; b++) {
-                if (extree_bitmaps_in_place(m.t, b * BS, BS)) {
+                if (mb_in_place(&m, b)) {
                     mb_change(&m, b, 1, true);
                 } else {
                     ct_write(m.t, b * BS, BS);
@@ -748,6 +831,7 @@ int main(int argc, char **argv)
     g_test_add_func("/bitmap/marks-persist", test_marks_persist);
     g_test_add_func("/bitmap/crash-drops-both", test_crash_drops_both);
     g_test_add_func("/bitmap/in-place-rule", test_in_place_rule);
+    g_test_add_func("/bitmap/fresh-data", test_fresh_data);
     g_test_add_func("/bitmap/sync", test_sync);
     g_test_add_func("/bitmap/resize", test_resize);
     g_test_add_func("/bitmap/remove", test_remove);
