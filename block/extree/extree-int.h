@@ -1112,6 +1112,11 @@ int extree_sb_read(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
 int extree_snap_table_load(Extree *t, const ExtreeSuper *sb);
 
 /* extree-bitmap.c */
+/*
+ * Bits set in [p, p + len): the popcnt instruction where the CPU has it,
+ * unless @software (tests compare the two)
+ */
+uint64_t extree_popcount(const uint8_t *p, size_t len, bool software);
 /* Writes held out of place by marks not yet committed that ask for one */
 #define EXTREE_BITMAP_COMMIT_HELD 256
 int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate);

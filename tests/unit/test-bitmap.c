@@ -179,6 +179,27 @@ static void test_in_place_rule(void)
     extree_mem_backend_free(be);
 }
 
+/* The instruction and the portable count agree, at every length */
+static void test_popcount(void)
+{
+    uint64_t rng = test_seed("bitmap popcount", 20261206);
+    uint8_t buf[259];
+
+    for (int round = 0; round < 200; round++) {
+        size_t len = model_rand_below(&rng, sizeof(buf) + 1);
+        uint64_t bits = 0;
+
+        for (size_t i = 0; i < len; i++) {
+            buf[i] = round < 2 ? (round ? 0xff : 0) : model_rand(&rng);
+            for (int b = 0; b < 8; b++) {
+                bits += (buf[i] >> b) & 1;
+            }
+        }
+        g_assert_cmpuint(extree_popcount(buf, len, false), ==, bits);
+        g_assert_cmpuint(extree_popcount(buf, len, true), ==, bits);
+    }
+}
+
 /* Host offset of DATA at @guest */
 static uint64_t host_of(Extree *t, uint64_t guest)
 {
@@ -832,6 +853,7 @@ int main(int argc, char **argv)
     g_test_add_func("/bitmap/crash-drops-both", test_crash_drops_both);
     g_test_add_func("/bitmap/in-place-rule", test_in_place_rule);
     g_test_add_func("/bitmap/fresh-data", test_fresh_data);
+    g_test_add_func("/bitmap/popcount", test_popcount);
     g_test_add_func("/bitmap/sync", test_sync);
     g_test_add_func("/bitmap/resize", test_resize);
     g_test_add_func("/bitmap/remove", test_remove);
