@@ -68,12 +68,15 @@ QEMU_LUKS_TESTS="188 189 198 293 295"
 # header field, convert -c's cluster handling).
 QEMU_COMPRESS_TESTS="055"
 # QEMU's tests of persistent dirty bitmaps (issue 32) that pass with
-# extree as they are, but for the supported formats: 165 (bitmaps stored
-# and loaded across reopen, with writes between), 304 (qemu-img measure
-# with bitmaps), backup-discard-source (a backup whose source discards,
-# with a bitmap).  Others need qcow2's 64 KiB default granularity or name
-# qcow2 in their commands; see docs/bitmaps.rst.
-QEMU_BITMAP_TESTS="165 304 tests/backup-discard-source"
+# extree as they are, but for the supported formats and the format's name
+# in the QMP commands they log: 165 (bitmaps stored and loaded across
+# reopen, with writes between), 194 (bitmaps migrated with storage),
+# 254 (bitmaps and block-commit), 257 (backup in every sync and bitmap
+# mode, with failures), 260 (bitmaps and snapshots), 304 (qemu-img
+# measure with bitmaps), backup-discard-source (a backup whose source
+# discards, with a bitmap).  Others name qcow2 in their commands; see
+# docs/bitmaps.rst.
+QEMU_BITMAP_TESTS="165 194 254 257 260 304 tests/backup-discard-source"
 qemu_extree_tests() {
     local t
     for t in $QEMU_COMPRESS_TESTS; do
@@ -89,10 +92,11 @@ qemu_extree_tests() {
     done
     for t in $QEMU_BITMAP_TESTS; do
         local n=${t#tests/}
-        sed -e "s/supported_fmts=\['qcow2'\]/supported_fmts=['qcow2', 'extree']/" \
+        sed -e "s/supported_fmts=\['qcow2'\(, 'qed', 'raw'\)\?\]/supported_fmts=['qcow2'\1, 'extree']/" \
             "$iot/$t" > "$iot/tests/extree-qemu-$n"
         chmod +x "$iot/tests/extree-qemu-$n"
         sed -e "1s/QA output created by $n/QA output created by extree-qemu-$n/" \
+            -e 's/"\(driver\|format\)": "qcow2"/"\1": "extree"/g' \
             "$iot/$t.out" > "$iot/tests/extree-qemu-$n.out"
     done
     for t in $QEMU_SNAPSHOT_TESTS $QEMU_LUKS_TESTS; do
