@@ -87,9 +87,7 @@ _spec = importlib.util.spec_from_file_location(
 images = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(images)
 
-FORMATS = {"extree": ("extree", []),
-           "qcow2-64k": ("qcow2", ["-o", "cluster_size=65536"]),
-           "qcow2-4k": ("qcow2", ["-o", "cluster_size=4096"])}
+FORMATS = images.FORMATS
 BIN = {"qemu-img": "qemu-img", "qemu-io": "qemu-io", "qemu-nbd": "qemu-nbd",
        "qsd": os.path.join("storage-daemon", "qemu-storage-daemon")}
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30

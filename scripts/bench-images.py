@@ -30,6 +30,12 @@ import random
 import sys
 
 KiB = 1024
+
+# The formats the scenario benchmarks set side by side: name -> (driver,
+# qemu-img create options)
+FORMATS = {"extree": ("extree", []),
+           "qcow2-64k": ("qcow2", ["-o", "cluster_size=65536"]),
+           "qcow2-4k": ("qcow2", ["-o", "cluster_size=4096"])}
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 TiB = 1024 * GiB
