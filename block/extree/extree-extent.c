@@ -762,7 +762,12 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
 {
     int ret = alloc_data_place(t, guest, bytes, host, got);
 
-    if (ret == 0) {
+    /*
+     * Only the bitmaps' in-place rule asks (extree_data_fresh()): without
+     * bitmaps the set stays empty; one added later finds earlier
+     * allocations of the transaction not fresh, which only moves writes
+     */
+    if (ret == 0 && extree_bitmap_count(t)) {
         extree_alloc_data_fresh_add(t, *host, *got);
     }
     return ret;

@@ -533,8 +533,9 @@ typedef struct ExtreeSpace {
     ExtreeRangeSet fresh;
     /*
      * Data space extree_alloc_data() handed out since the last commit
-     * began: no committed state maps it, so a write into it changes
-     * nothing a crash returns to (extree_data_fresh())
+     * began, while the image had bitmaps: no committed state maps it, so
+     * a write into it changes nothing a crash returns to
+     * (extree_data_fresh())
      */
     ExtreeRangeSet fresh_data;
     /* ExtreeAllocOp since the last free-tree sync */
