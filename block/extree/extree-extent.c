@@ -36,15 +36,44 @@ static bool range_ok(Extree *t, uint64_t guest, uint64_t bytes)
 }
 
 /*
- * Before the first update of a handle: read every tree (the live extent
- * tree, the free-space and reference count trees, every snapshot's), so
- * that a node of the opened state that points at or past that state's
- * host_end is found (extree-node.c, host_limit()) before any space past
- * host_end is handed out.  A superblock whose host_end was lowered below
- * blocks still in use would otherwise let new data overwrite them, and
- * the nodes that use them would pass their checks once host_end had grown
- * past (tests/fuzz/fixed/host-end-lowered-vmstate).  Once per handle,
- * O(nodes), shared subtrees read once.
+ * Every snapshot's root, read and checked against its entry: a root that
+ * names another tree's node (tests/fuzz/fixed/snap-root-names-free-root)
+ * must stop the first update before that tree moves off the node.
+ * O(snapshots).
+ */
+static int probe_snap_roots(Extree *t)
+{
+    for (unsigned i = 0; t->snaps && i < t->snaps->len; i++) {
+        ExtreeNodeExpect e;
+        ExtreeNode *root;
+        ExtreeTree tree;
+        int ret;
+
+        extree_snap_tree(t, &g_array_index(t->snaps, ExtreeSnap, i), &tree);
+        extree_tree_expect(t, &tree, &e);
+        ret = extree_node_get(t, tree.root, &e, &root);
+        if (ret < 0) {
+            return ret;
+        }
+        extree_node_unref(t, root);
+    }
+    return 0;
+}
+
+/*
+ * Before the first update of a handle.  New space starts at host_end: a
+ * superblock whose host_end was lowered below blocks still in use would
+ * let new data overwrite them, and the nodes that use them would pass
+ * their checks once host_end had grown past
+ * (tests/fuzz/fixed/host-end-lowered-vmstate).  Such blocks exist only
+ * where the backend holds bytes past host_end (base_tail): after a clean
+ * close the file ends at host_end, and nothing lies past it that a node
+ * could use.  Only then is every tree read (the
+ * live extent tree, the free-space and reference count trees, every
+ * snapshot's), so that a node of the opened state that points at or past
+ * its host_end is found (extree-node.c, host_limit()) before any space
+ * there is handed out: O(nodes), shared subtrees read once.  Otherwise
+ * O(snapshots): their roots are checked.  Once per handle.
  */
 int extree_probe_end(Extree *t)
 {
@@ -55,17 +84,24 @@ int extree_probe_end(Extree *t)
     if (t->end_probed) {
         return 0;
     }
-    seen = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
-    for (uint32_t o = EXTREE_TREE_EXTENT; o <= last && ret == 0; o++) {
-        ret = extree_bt_read_all(t, &t->trees[o], seen);
-    }
-    for (unsigned i = 0; ret == 0 && t->snaps && i < t->snaps->len; i++) {
-        ExtreeTree tree;
+    if (!t->base_tail) {
+        ret = probe_snap_roots(t);
+    } else {
+        seen = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free,
+                                     NULL);
+        for (uint32_t o = EXTREE_TREE_EXTENT; o <= last && ret == 0; o++) {
+            ret = extree_bt_read_all(t, &t->trees[o], seen);
+        }
+        for (unsigned i = 0; ret == 0 && t->snaps && i < t->snaps->len;
+             i++) {
+            ExtreeTree tree;
 
-        extree_snap_tree(t, &g_array_index(t->snaps, ExtreeSnap, i), &tree);
-        ret = extree_bt_read_all(t, &tree, seen);
+            extree_snap_tree(t, &g_array_index(t->snaps, ExtreeSnap, i),
+                             &tree);
+            ret = extree_bt_read_all(t, &tree, seen);
+        }
+        g_hash_table_destroy(seen);
     }
-    g_hash_table_destroy(seen);
     /*
      * Like a read error half-way through an update: the handle takes no
      * update any more (it changed nothing, but what it could not read may

@@ -595,11 +595,21 @@ struct Extree {
      */
     uint64_t base_gen, base_host_end;
     /*
-     * Every tree of the handle has been read since open and nothing
-     * reaches past base_host_end (extree_probe_end()): the space past
-     * host_end may be handed out
+     * The backend held bytes past base_host_end when this state was
+     * loaded: nodes of that state may use them (a lowered host_end), so
+     * every tree is read before the first update (extree_probe_end())
+     */
+    bool base_tail;
+    /*
+     * extree_probe_end() found nothing reaching past base_host_end (or
+     * nothing could: no base_tail): the space past host_end may be
+     * handed out
      */
     bool end_probed;
+    /* ExtreeOpenOptions.bitmap_max_bytes, the default filled in */
+    uint64_t bitmap_max_bytes;
+    /* extree_rollback() dropped a transaction (extree_changes_lost()) */
+    bool changes_lost;
     uint64_t generation;        /* last committed superblock */
     /* generation + 1: nodes of this transaction carry it and are writable */
     uint64_t trans_gen;

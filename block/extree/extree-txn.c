@@ -339,6 +339,17 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
     t->host_end = t->sb_host_end = sb->host_end;
     t->base_host_end = sb->host_end;
     t->base_gen = sb->generation;
+    t->end_probed = false;
+    {
+        /*
+         * Bytes past host_end (a crash's grow-ahead, storage of fixed
+         * size, or a superblock whose host_end was lowered): the trees
+         * are read before space there is handed out (extree_probe_end())
+         */
+        int64_t len = t->be->ops->get_length(t->be->opaque);
+
+        t->base_tail = len < 0 || (uint64_t)len > sb->host_end;
+    }
     t->generation = sb->generation;
     t->trans_gen = t->generation + 1;
     t->incompat = sb->incompat;

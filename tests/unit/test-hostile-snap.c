@@ -604,6 +604,61 @@ static void test_refs_low_cow(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * The walk of every tree before a handle's first update (the lowered
+ * host_end class, tests/fuzz/fixed/host-end-lowered-vmstate) runs only
+ * when the backend holds bytes past host_end: after a clean close the
+ * file ends there, and the first update reads a handful of nodes, however
+ * many the trees hold (issue 50).  With a tail (a crash's grow-ahead, or
+ * an edited host_end) every node is read first.
+ */
+static void test_probe_only_with_tail(void)
+{
+    ExtreeBackend *be = ct_create(64 * VSIZE, BS, NS);
+    ExtreeSnapshotInfo info = { .name = "s" };
+    ExtreeStats before, after;
+    uint64_t end, clean, tail;
+    Extree *t = ct_open(be);
+
+    for (uint64_t i = 0; i < 20000; i++) {
+        ct_write(t, i * 2 * BS, BS);
+    }
+    g_assert_cmpint(extree_snapshot_create(t, &info), ==, 0);
+    ct_write(t, 0, 64 * BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    end = extree_host_end(t);
+    extree_close(t);
+    /* as the driver leaves it at close */
+    g_assert_cmpint(be->ops->truncate(be->opaque, end), ==, 0);
+
+    t = ct_open(be);
+    extree_stats(t, &before);
+    ct_write(t, 40001 * BS, BS);
+    extree_stats(t, &after);
+    clean = after.cache_misses - before.cache_misses;
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    end = extree_host_end(t);
+    extree_close(t);
+
+    g_assert_cmpint(be->ops->truncate(be->opaque, end), ==, 0);
+    g_assert_cmpint(be->ops->truncate(be->opaque, end + 64 * NS), ==, 0);
+    t = ct_open(be);
+    extree_stats(t, &before);
+    ct_write(t, 40003 * BS, BS);
+    extree_stats(t, &after);
+    tail = after.cache_misses - before.cache_misses;
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+
+    /* 20,000 extents, a snapshot and its copies: over a hundred nodes */
+    g_test_message("first update reads %" PRIu64 " nodes without a tail, %"
+                   PRIu64 " with one", clean, tail);
+    g_assert_cmpuint(clean, <, 32);
+    g_assert_cmpuint(tail, >, 100);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -623,5 +678,7 @@ int main(int argc, char **argv)
     g_test_add_func("/hostile-snap/refs-low-write", test_refs_low_write);
     g_test_add_func("/hostile-snap/refs-low-replace", test_refs_low_replace);
     g_test_add_func("/hostile-snap/refs-low-cow", test_refs_low_cow);
+    g_test_add_func("/hostile-snap/probe-only-with-tail",
+                    test_probe_only_with_tail);
     return g_test_run();
 }
