@@ -247,6 +247,15 @@ bool xt_bitmaps_can_store(BDRVExtreeState *s, const char *name,
         error_setg(errp, "Bitmap already exists: %s", name);
         return false;
     }
+    /*
+     * A bitmap of this name removed before is gone from QEMU too: the new
+     * one must be stored (a sync would only forget the name once QEMU no
+     * longer has it, which a re-add right away prevents)
+     */
+    if (s->bitmap_removing && !strcmp(s->bitmap_removing, name)) {
+        g_free(s->bitmap_removing);
+        s->bitmap_removing = NULL;
+    }
     ret = extree_bitmap_check_new(s->t, name, granularity, &why);
     if (ret < 0) {
         error_setg(errp, "Can't make bitmap '%s' persistent in '%s': %s",

@@ -603,38 +603,6 @@ xt_read_old(BDRVExtreeState *s, const ExtreeRun *run, uint64_t guest,
 }
 
 /*
- * May guest [@guest, @guest + @bytes), in blocks of run @run, be changed
- * in place on the host?  Only DATA that no snapshot shares (spec:
- * Sharing, 3): everything else (holes, ZERO, shared DATA) changes by a
- * new mapping.  The one place writes and zeroes decide it.  Called with
- * s->lock held.
- */
-static int coroutine_fn GRAPH_RDLOCK
-xt_in_place(BDRVExtreeState *s, const ExtreeRun *run, uint64_t guest,
-            uint64_t bytes, bool *in_place)
-{
-    bool shared = true;
-    int ret = 0;
-
-    if (run->type == EXTREE_RUN_DATA) {
-        ret = extree_data_shared(s->t, guest, bytes,
-                                 run->host + guest - run->guest, &shared);
-    }
-    /*
-     * Persistent bitmaps: a change in place must be marked committed
-     * already (spec: Persistent dirty bitmaps, 2), unless no committed
-     * state maps the blocks (allocated in this transaction, their mapping
-     * and its mark not committed yet); else it goes to new space and its
-     * mark commits with it
-     */
-    *in_place = ret == 0 && !shared &&
-                (extree_data_fresh(s->t, run->host + guest - run->guest,
-                                   bytes) ||
-                 extree_bitmaps_in_place(s->t, guest, bytes));
-    return ret;
-}
-
-/*
  * How guest [@offset, @offset + *@n) of DATA run @run is written: in place
  * (*@in_place), or by the allocating path when a snapshot shares it (spec:
  * Sharing, 3).  Shortens *@n so that blocks written in place are unshared,
@@ -656,14 +624,14 @@ xt_write_mode(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     bool head;
     int ret;
 
-    ret = xt_in_place(s, run, start, end - start, in_place);
+    ret = extree_in_place(s->t, run, start, end - start, in_place);
     if (ret < 0 || *in_place) {
         return ret;
     }
     /* a single block was just asked about */
     head = false;
     if (end - start > bsz) {
-        ret = xt_in_place(s, run, start, bsz, &head);
+        ret = extree_in_place(s->t, run, start, bsz, &head);
         if (ret < 0) {
             return ret;
         }
@@ -672,7 +640,7 @@ xt_write_mode(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
         /* the unshared head, found by doubling (the whole is shared) */
         len = bsz;
         while (len * 2 < end - start) {
-            ret = xt_in_place(s, run, start, len * 2, &head);
+            ret = extree_in_place(s->t, run, start, len * 2, &head);
             if (ret < 0) {
                 return ret;
             }
@@ -688,7 +656,7 @@ xt_write_mode(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     if (end - start > bsz && (offset + *n) % bsz) {
         bool tail;
 
-        ret = xt_in_place(s, run, end - bsz, bsz, &tail);
+        ret = extree_in_place(s->t, run, end - bsz, bsz, &tail);
         if (ret == 0 && tail) {
             /* the partial last block is written in place, next round */
             *n = end - bsz - offset;
@@ -996,7 +964,14 @@ xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
             }
         }
         if (in_place) {
-            /* Data in place: no metadata change */
+            /*
+             * Data in place: no mapping change, but marked before the
+             * data is issued (spec: Persistent dirty bitmaps, 2): QEMU
+             * marks its bitmaps only when the request returns, after a
+             * commit inside it (an emulated FUA flush) or between its
+             * runs (a concurrent flush) may have stored them
+             */
+            extree_bitmaps_mark(s->t, offset, n);
             qemu_co_mutex_unlock(&s->lock);
             trace_extree_write_in_place(s, offset, n, run.host);
             BLKDBG_CO_EVENT(bs->file, BLKDBG_WRITE_AIO);
@@ -1368,7 +1343,7 @@ xt_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
         goto out;
     }
 
-    ret = xt_in_place(s, &run, bstart, bsz, &in_place);
+    ret = extree_in_place(s->t, &run, bstart, bsz, &in_place);
     if (ret < 0) {
         xt_io_end(s);
         goto out;
@@ -1397,6 +1372,8 @@ xt_zero_partial(BDRVExtreeState *s, uint64_t offset, uint64_t bytes,
             }
             goto write_buffer;
         }
+        /* in place: marked before the zeroes are issued, as a write */
+        extree_bitmaps_mark(s->t, offset, bytes);
         qemu_co_mutex_unlock(&s->lock);
         ret = bdrv_co_pwrite_zeroes(bs->file, run.host, bytes,
                                     flags & BDRV_REQ_NO_FALLBACK);
@@ -1474,7 +1451,7 @@ xt_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
             xt_io_end(s);
             break;
         }
-        ret = xt_in_place(s, &run, start, ROUND_UP(run.length, bsz),
+        ret = extree_in_place(s->t, &run, start, ROUND_UP(run.length, bsz),
                           &in_place);
         if (ret < 0) {
             xt_io_end(s);
@@ -1492,6 +1469,8 @@ xt_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
             ret = xt_update_range(s, start, ROUND_UP(start + run.length, bsz),
                                   EXTREE_OP_ZERO);
         } else if (run.type == EXTREE_RUN_DATA) {
+            /* in place: marked before the zeroes are issued, as a write */
+            extree_bitmaps_mark(s->t, start, ROUND_UP(run.length, bsz));
             qemu_co_mutex_unlock(&s->lock);
             ret = bdrv_co_pwrite_zeroes(bs->file, run.host,
                                         ROUND_UP(run.length, bsz),
@@ -1719,15 +1698,19 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
                                       &run);
             extree_cursor_release(&cur);
             if (ret == 0) {
-                ret = xt_in_place(s, &run, QEMU_ALIGN_DOWN(old, bsz), bsz,
+                ret = extree_in_place(s->t, &run, QEMU_ALIGN_DOWN(old, bsz), bsz,
                                   &in_place);
             }
             if (ret == 0 && in_place && !s->crypto) {
                 ret = bdrv_co_pwrite_zeroes(bs->file, run.host, len, 0);
             } else if (ret == 0 && (run.type == EXTREE_RUN_DATA ||
+                                    run.type == EXTREE_RUN_COMPRESSED ||
                                     (run.type == EXTREE_RUN_UNALLOC &&
                                      (flags & BDRV_REQ_ZERO_WRITE)))) {
-                /* shared with a snapshot, or encrypted: a buffer */
+                /*
+                 * shared with a snapshot, encrypted, or compressed (the
+                 * unit is inflated): a buffer
+                 */
                 QEMUIOVector qiov;
                 void *buf = qemu_blockalign0(bs, len);
 
@@ -1765,6 +1748,17 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
                 goto out;
             }
         }
+    }
+
+    /*
+     * What grew in reads as zeroes where it may have held data before a
+     * shrink: changed.  The core marked it (extree_set_virtual_size());
+     * QEMU's bitmaps take the new size now, as the block layer would after
+     * this returns (a no-op then), so that they can have it marked too.
+     */
+    if (offset > old) {
+        bdrv_dirty_bitmap_truncate(bs, offset);
+        bdrv_set_dirty(bs, old, offset - old);
     }
 
     /* Rare and administrative: make the new size durable right away */

@@ -431,10 +431,9 @@ static int xp_alloc_write(const ExtreeRun *run, uint64_t offset, uint64_t n,
 }
 
 /*
- * May DATA run @run be changed in place for guest [@offset, + @n)?  Only
- * if no snapshot shares its blocks and every enabled persistent bitmap
- * has them marked, committed (spec: Persistent dirty bitmaps).  xp.lock
- * held.
+ * May DATA run @run be changed in place for guest [@offset, + @n)?  The
+ * core decides for the plugin and the driver alike (extree_in_place());
+ * a caller that writes in place marks the range first.  xp.lock held.
  */
 static int xp_in_place(const ExtreeRun *run, uint64_t offset, uint64_t n,
                        bool *in_place)
@@ -442,18 +441,8 @@ static int xp_in_place(const ExtreeRun *run, uint64_t offset, uint64_t n,
     uint64_t bs = extree_block_size(xp.t);
     uint64_t start = XP_ALIGN_DOWN(offset, bs);
     uint64_t end = XP_ROUND_UP(offset + n, bs);
-    bool shared = true;
-    int ret = 0;
 
-    *in_place = false;
-    if (run->type == EXTREE_RUN_DATA) {
-        ret = extree_data_shared(xp.t, start, end - start,
-                                 run->host - (offset - start), &shared);
-        /* persistent bitmaps: in place only over committed marks */
-        *in_place = ret == 0 && !shared &&
-                    extree_bitmaps_in_place(xp.t, start, end - start);
-    }
-    return ret;
+    return extree_in_place(xp.t, run, start, end - start, in_place);
 }
 
 /*
@@ -486,6 +475,7 @@ static int xp_write_locked(const uint8_t *data, uint64_t count,
         }
         n = run.length;
         if (in_place && data) {
+            extree_bitmaps_mark(xp.t, offset, n);
             pthread_mutex_unlock(&xp.lock);
             ret = xp_pwrite_full(data, n, run.host);
             pthread_mutex_lock(&xp.lock);
@@ -663,6 +653,7 @@ static int xp_zero_partial(uint64_t offset, uint64_t bytes, bool fast)
         return xp_update_range(bstart, bstart + bs, true);
     default:
         if (in_place) {
+            extree_bitmaps_mark(xp.t, offset, bytes);
             return xp_zero_host(run.host, bytes, false);
         }
         return fast ? -ENOTSUP : xp_write_locked(NULL, bytes, offset);
@@ -703,6 +694,7 @@ static int xp_zero_blocks(uint64_t start, uint64_t end, bool may_trim,
         }
         next = XP_ROUND_UP(start + run.length, bs);
         if (run.type == EXTREE_RUN_DATA && in_place) {
+            extree_bitmaps_mark(xp.t, start, next - start);
             ret = xp_zero_host(run.host, next - start, fast);
         } else if (run.type != EXTREE_RUN_ZERO) {
             ret = xp_update_range(start, next, true);

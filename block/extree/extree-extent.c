@@ -814,6 +814,31 @@ bool extree_data_fresh(Extree *t, uint64_t host, uint64_t bytes)
     return !t->broken && extree_alloc_data_is_fresh(t, host, bytes);
 }
 
+/*
+ * The one in-place decision of the driver and the plugin: DATA no
+ * snapshot shares (spec: Sharing, 3), and with persistent bitmaps either
+ * blocks this transaction allocated (no committed state maps them, their
+ * mapping commits with its mark) or granules marked committed already
+ * (spec: Persistent dirty bitmaps, 2).  O(log n).
+ */
+int extree_in_place(Extree *t, const ExtreeRun *run, uint64_t guest,
+                    uint64_t bytes, bool *in_place)
+{
+    uint64_t host = run->host + (guest - run->guest);
+    bool shared = true;
+    int ret = 0;
+
+    *in_place = false;
+    if (run->type != EXTREE_RUN_DATA) {
+        return 0;
+    }
+    ret = extree_data_shared(t, guest, bytes, host, &shared);
+    *in_place = ret == 0 && !shared &&
+                (extree_data_fresh(t, host, bytes) ||
+                 extree_bitmaps_in_place(t, guest, bytes));
+    return ret;
+}
+
 /* Return an allocation that was never mapped */
 int extree_free_data(Extree *t, uint64_t host, uint64_t bytes)
 {

@@ -1133,7 +1133,6 @@ uint64_t extree_popcount(const uint8_t *p, size_t len, bool software);
 int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate);
 void extree_bitmaps_drop_damaged(Extree *t);
 void extree_bitmaps_free(Extree *t);
-void extree_bitmaps_mark(Extree *t, uint64_t guest, uint64_t bytes);
 int extree_bitmaps_resize_ok(Extree *t, uint64_t size);
 int extree_bitmaps_resize(Extree *t, uint64_t size);
 int extree_bitmaps_prepare(Extree *t);

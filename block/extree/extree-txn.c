@@ -1000,7 +1000,7 @@ int extree_set_virtual_size(Extree *t, uint64_t size)
 {
     uint64_t new_end = EXTREE_ROUND_UP(size, t->block_size);
     uint64_t old_end = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
-
+    uint64_t old_size;
     int ret = extree_check_writable(t);
 
     if (ret == 0) {
@@ -1051,9 +1051,19 @@ int extree_set_virtual_size(Extree *t, uint64_t size)
     if (ret < 0) {
         return ret;
     }
+    old_size = t->virtual_size;
     t->virtual_size = size;
     t->trees[EXTREE_TREE_EXTENT].data_end = new_end;
     t->super_dirty = true;
+    /*
+     * What grows in reads as zeroes, where it may have held data before a
+     * shrink (and the rest of the old last block is zeroed): changed, so
+     * marked, the granule across the old end included (spec: Persistent
+     * dirty bitmaps, 1)
+     */
+    if (size > old_size) {
+        extree_bitmaps_mark(t, old_size, size - old_size);
+    }
     return update_done(t, 0);
 }
 

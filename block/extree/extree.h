@@ -621,6 +621,17 @@ int extree_data_shared(Extree *t, uint64_t guest, uint64_t bytes,
  * O(log n).
  */
 bool extree_data_fresh(Extree *t, uint64_t host, uint64_t bytes);
+/*
+ * May guest [@guest, + @bytes) (block-aligned) of run @run, as a cursor
+ * query of the live tree gave it, be changed in place on the host?  Only
+ * DATA that no snapshot shares, and with persistent bitmaps only where
+ * extree_data_fresh() or extree_bitmaps_in_place() allow it.  A caller
+ * that then changes it in place marks the range first, before its data
+ * is issued (extree_bitmaps_mark()): a commit may store the bitmaps
+ * before the caller's own copy of them has the change.  O(log n).
+ */
+int extree_in_place(Extree *t, const ExtreeRun *run, uint64_t guest,
+                    uint64_t bytes, bool *in_place);
 
 /* ---- Persistent dirty bitmaps (EXTREE_INCOMPAT_BITMAPS) ---- */
 
@@ -686,6 +697,14 @@ bool extree_bitmaps_have_marks(Extree *t);
  * committed and in this transaction.  O(bitmaps + granules).
  */
 bool extree_bitmaps_in_place(Extree *t, uint64_t guest, uint64_t bytes);
+/*
+ * Mark guest [guest, + bytes) changed in every enabled bitmap, and keep
+ * it among the marks a sync adds to the caller's bits (see
+ * extree_bitmaps_keep_marks()).  Updates of the mapping mark themselves;
+ * a caller that changes data in place marks it before the data is issued
+ * (extree_in_place()).  O(bitmaps + granules).
+ */
+void extree_bitmaps_mark(Extree *t, uint64_t guest, uint64_t bytes);
 /* Upper bound of the bytes a bitmap takes (qemu-img measure) */
 uint64_t extree_bitmap_meta_bytes(uint64_t virtual_size, uint32_t block_size,
                                   size_t name_len, uint64_t granularity);
