@@ -1205,6 +1205,14 @@ int coroutine_fn GRAPH_RDLOCK extree_co_flush_to_os(BlockDriverState *bs)
     ret = xt_enter(s);
     if (ret == 0) {
         ret = xt_commit_locked(s);
+        if (ret == 0 && extree_changes_lost(s->t)) {
+            /*
+             * A rollback (out of space, xt_commit_locked()) dropped
+             * writes that may have been acknowledged: no flush succeeds
+             * until the image is opened again, as with a failed fsync
+             */
+            ret = -EIO;
+        }
         xt_leave(s);
     }
     return ret;

@@ -508,13 +508,26 @@ static int xp_write_locked(const uint8_t *data, uint64_t count,
     return ret;
 }
 
-/* FUA: a commit if metadata changed, else a flush of the data */
+/*
+ * FUA: a commit if metadata changed, else a flush of the data.  After a
+ * rollback dropped writes that may have been acknowledged, every flush
+ * fails until the image is opened again (extree_changes_lost())
+ */
 static int xp_fua_locked(void)
 {
+    int ret;
+
     if (extree_is_dirty(xp.t)) {
-        return xp_commit_locked();
+        ret = xp_commit_locked();
+    } else {
+        ret = fdatasync(xp.fd) < 0 ? -errno : 0;
     }
-    return fdatasync(xp.fd) < 0 ? -errno : 0;
+    if (ret == 0 && extree_changes_lost(xp.t)) {
+        nbdkit_error("writes since an earlier commit were lost (no space "
+                     "left for metadata); reopen the image");
+        ret = -EIO;
+    }
+    return ret;
 }
 
 int xp_pwrite(void *handle, const void *buf, uint32_t count,

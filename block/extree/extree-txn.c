@@ -560,6 +560,11 @@ bool extree_is_dirty(const Extree *t)
            (t->space.reflog && t->space.reflog->len > 0);
 }
 
+bool extree_changes_lost(const Extree *t)
+{
+    return t->changes_lost;
+}
+
 bool extree_is_broken(const Extree *t)
 {
     return t->broken;
@@ -612,6 +617,8 @@ int extree_rollback(Extree *t)
     extree_bitmaps_free(t);
     t->broken = t->broken_nospace = false;
     t->stats.rollbacks++;
+    /* what the dropped transaction held may have been acknowledged */
+    t->changes_lost = true;
 
     ret = load_state(t, t->csb, &o);
     if (ret == 0 && limit && t->space.alloc_partial) {

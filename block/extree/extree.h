@@ -206,6 +206,15 @@ bool extree_is_dirty(const Extree *t);
 bool extree_is_broken(const Extree *t);
 
 /*
+ * A rollback dropped the changes of a transaction since this handle was
+ * opened: writes the caller acknowledged may be gone.  Sticky, as a
+ * failed fsync is: every later flush of the caller must fail (-EIO) until
+ * the image is opened again, so that nobody takes a later flush as
+ * saying those writes are durable.  O(1).
+ */
+bool extree_changes_lost(const Extree *t);
+
+/*
  * May the handle drop its running transaction (extree_rollback())?  A
  * writable handle that is healthy or broken only because host space ran
  * out (-ENOSPC in an update or a commit); not after a failed flush or a
