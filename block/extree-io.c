@@ -1685,7 +1685,12 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
         qatomic_set(&s->virtual_size, offset);
     } else if (offset > old) {
         ret = extree_set_virtual_size(s->t, offset);
-        if (ret < 0) {
+        if (ret == -EFBIG && extree_last_error(s->t)) {
+            /* a bitmap would grow past what we hold in memory */
+            error_setg(errp, "Could not grow the image: %s",
+                       extree_last_error(s->t));
+            goto out;
+        } else if (ret < 0) {
             error_setg_errno(errp, -ret, "Could not grow the image");
             goto out;
         }

@@ -46,6 +46,12 @@ static uint64_t nchunks_for(uint64_t ngran, uint32_t block_size)
     return (ngran + per - 1) / per;
 }
 
+/* Would a bitmap of @nchunks chunks take more memory than we allow? */
+static bool too_big(const Extree *t, uint64_t nchunks)
+{
+    return nchunks > t->bitmap_max_bytes / t->block_size;
+}
+
 static uint64_t entry_bytes(size_t name_len, uint64_t nchunks)
 {
     return sizeof(ExtreeDiskBitmapEntry) + EXTREE_ROUND_UP(name_len, 8) +
@@ -70,8 +76,11 @@ static uint64_t dir_bytes(Extree *t, uint64_t size, uint64_t extra)
 static void bm_free(ExtreeBitmap *bm)
 {
     g_free(bm->name);
+    for (uint64_t c = 0; bm->cchunk && c < bm->nchunks; c++) {
+        g_free(bm->cchunk[c]);
+    }
     g_free(bm->bits);
-    g_free(bm->cbits);
+    g_free(bm->cchunk);
     g_free(bm->chunk_off);
     g_free(bm->chunk_csum);
     g_free(bm->chunk_state);
@@ -89,7 +98,7 @@ static ExtreeBitmap *bm_new(Extree *t, const char *name, uint32_t gran_bits,
     bm->ngran = ngranules(t->virtual_size, gran_bits);
     bm->nchunks = nchunks_for(bm->ngran, t->block_size);
     bm->bits = g_malloc0((size_t)bm->nchunks * t->block_size);
-    bm->cbits = g_malloc0((size_t)bm->nchunks * t->block_size);
+    bm->cchunk = g_new0(uint8_t *, bm->nchunks);
     bm->chunk_off = g_new0(uint64_t, bm->nchunks);
     bm->chunk_csum = g_new0(uint32_t, bm->nchunks);
     bm->chunk_state = g_malloc0(bm->nchunks);
@@ -189,6 +198,51 @@ static bool all_set(const uint8_t *bits, uint64_t g0, uint64_t g1)
     return true;
 }
 
+/*
+ * Chunk @c of @bm is about to change in memory: the first change since
+ * the last commit keeps its committed copy
+ */
+static void chunk_touch(Extree *t, ExtreeBitmap *bm, uint64_t c)
+{
+    if (bm->chunk_state[c] == CHUNK_CLEAN) {
+        bm->cchunk[c] = g_memdup2(bm->bits + c * t->block_size,
+                                  t->block_size);
+        bm->chunk_state[c] = CHUNK_CHANGED;
+    }
+}
+
+/* Chunk @c as committed */
+static const uint8_t *chunk_committed(Extree *t, const ExtreeBitmap *bm,
+                                      uint64_t c)
+{
+    return bm->cchunk[c] ? bm->cchunk[c] : bm->bits + c * t->block_size;
+}
+
+/* Does chunk @c differ from its committed copy? */
+static bool chunk_differs(Extree *t, const ExtreeBitmap *bm, uint64_t c)
+{
+    return bm->cchunk[c] && memcmp(bm->cchunk[c], bm->bits +
+                                   c * t->block_size, t->block_size);
+}
+
+/* Every granule of [g0, g1) set in @bm's committed bits? */
+static bool all_set_committed(Extree *t, const ExtreeBitmap *bm,
+                              uint64_t g0, uint64_t g1)
+{
+    uint64_t per = (uint64_t)t->block_size * 8;
+
+    while (g0 < g1) {
+        uint64_t c = g0 / per, end = MIN(g1, (c + 1) * per);
+
+        if (!all_set(chunk_committed(t, bm, c), g0 - c * per,
+                     end - c * per)) {
+            return false;
+        }
+        g0 = end;
+    }
+    return true;
+}
+
 /* Set [g0, g1) in @bm's bits; the chunks that changed are marked */
 static bool set_range(Extree *t, ExtreeBitmap *bm, uint64_t g0, uint64_t g1)
 {
@@ -203,6 +257,7 @@ static bool set_range(Extree *t, ExtreeBitmap *bm, uint64_t g0, uint64_t g1)
             g0 = end;
             continue;
         }
+        chunk_touch(t, bm, c);
         while (g < end) {
             uint8_t *b = &bm->bits[g >> 3];
             unsigned lo = g & 7, n = MIN(8 - lo, end - g);
@@ -213,9 +268,6 @@ static bool set_range(Extree *t, ExtreeBitmap *bm, uint64_t g0, uint64_t g1)
             g += n;
         }
         bm->count += added;
-        if (bm->chunk_state[c] == CHUNK_CLEAN) {
-            bm->chunk_state[c] = CHUNK_CHANGED;
-        }
         changed = true;
         g0 = end;
     }
@@ -335,7 +387,7 @@ bool extree_bitmaps_in_place(Extree *t, uint64_t guest, uint64_t bytes)
             continue;
         }
         set = all_set(bm->bits, g0, g1);
-        if (!set || !all_set(bm->cbits, g0, g1)) {
+        if (!set || !all_set_committed(t, bm, g0, g1)) {
             ok = false;
             /* the next commit makes the bits committed, @enabled too */
             after_commit &= set || !bm->enabled;
@@ -427,6 +479,13 @@ int extree_bitmap_check_new(Extree *t, const char *name, uint64_t granularity,
     }
     nch = nchunks_for(ngranules(t->virtual_size,
                                 __builtin_ctzll(granularity)), t->block_size);
+    if (too_big(t, nch)) {
+        /* qcow2's words */
+        *why = g_strdup_printf("Too much space will be occupied by the "
+                               "bitmap (more than %" PRIu64 " bytes). Use "
+                               "larger granularity", t->bitmap_max_bytes);
+        return -EFBIG;
+    }
     if (dir_bytes(t, t->virtual_size, entry_bytes(len, nch)) >
         EXTREE_BITMAP_DIR_MAX) {
         *why = g_strdup_printf("the bitmap directory would exceed %d bytes",
@@ -550,12 +609,10 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
         size_t off = c * t->block_size;
 
         if (memcmp(want + off, bm->bits + off, t->block_size)) {
+            chunk_touch(t, bm, c);
             bm->count += popcount(want + off, t->block_size);
             bm->count -= popcount(bm->bits + off, t->block_size);
             memcpy(bm->bits + off, want + off, t->block_size);
-            if (bm->chunk_state[c] == CHUNK_CLEAN) {
-                bm->chunk_state[c] = CHUNK_CHANGED;
-            }
             changed = true;
         }
     }
@@ -575,7 +632,27 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
 
 int extree_bitmaps_resize_ok(Extree *t, uint64_t size)
 {
-    return dir_bytes(t, size, 0) > EXTREE_BITMAP_DIR_MAX ? -EFBIG : 0;
+    for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+
+        if (too_big(t, nchunks_for(ngranules(size, bm->gran_bits),
+                                   t->block_size))) {
+            g_free(t->last_error);
+            t->last_error = g_strdup_printf("bitmap '%s' would take more "
+                                            "than %" PRIu64 " bytes at that "
+                                            "size; remove it first",
+                                            bm->name, t->bitmap_max_bytes);
+            return -EFBIG;
+        }
+    }
+    if (dir_bytes(t, size, 0) > EXTREE_BITMAP_DIR_MAX) {
+        g_free(t->last_error);
+        t->last_error = g_strdup_printf("the bitmap directory would exceed "
+                                        "%d bytes at that size",
+                                        EXTREE_BITMAP_DIR_MAX);
+        return -EFBIG;
+    }
+    return 0;
 }
 
 int extree_bitmaps_resize(Extree *t, uint64_t size)
@@ -596,8 +673,11 @@ int extree_bitmaps_resize(Extree *t, uint64_t size)
                 return ret;
             }
         }
+        for (uint64_t c = nch; c < bm->nchunks; c++) {
+            g_free(bm->cchunk[c]);
+        }
         bm->bits = g_realloc(bm->bits, nch * bs);
-        bm->cbits = g_realloc(bm->cbits, nch * bs);
+        bm->cchunk = g_renew(uint8_t *, bm->cchunk, nch);
         bm->chunk_off = g_renew(uint64_t, bm->chunk_off, nch);
         bm->chunk_csum = g_renew(uint32_t, bm->chunk_csum, nch);
         bm->chunk_state = g_realloc(bm->chunk_state, nch);
@@ -605,7 +685,7 @@ int extree_bitmaps_resize(Extree *t, uint64_t size)
             size_t old = bm->nchunks;
 
             memset(bm->bits + old * bs, 0, (nch - old) * bs);
-            memset(bm->cbits + old * bs, 0, (nch - old) * bs);
+            memset(bm->cchunk + old, 0, (nch - old) * sizeof(uint8_t *));
             memset(bm->chunk_off + old, 0, (nch - old) * sizeof(uint64_t));
             memset(bm->chunk_csum + old, 0, (nch - old) * sizeof(uint32_t));
             memset(bm->chunk_state + old, CHUNK_CLEAN, nch - old);
@@ -615,10 +695,8 @@ int extree_bitmaps_resize(Extree *t, uint64_t size)
             /* the granules cut off are clear: a later growth is clean */
             for (uint64_t g = ngran; g < MIN(bm->ngran, nch * bs * 8); g++) {
                 if (bm->bits[g >> 3] & (1 << (g & 7))) {
+                    chunk_touch(t, bm, g / (bs * 8));
                     bm->bits[g >> 3] &= ~(1 << (g & 7));
-                    if (bm->chunk_state[g / (bs * 8)] == CHUNK_CLEAN) {
-                        bm->chunk_state[g / (bs * 8)] = CHUNK_CHANGED;
-                    }
                 }
             }
         }
@@ -652,11 +730,9 @@ static int prepare_run(Extree *t, ExtreeBitmap *bm, uint64_t *run,
     int ret;
 
     for (uint64_t c = 0; c < bm->nchunks; c++) {
-        size_t off = c * t->block_size;
-
         if (bm->chunk_state[c] == CHUNK_MOVED ||
             (bm->chunk_state[c] == CHUNK_CHANGED &&
-             memcmp(bm->bits + off, bm->cbits + off, t->block_size))) {
+             chunk_differs(t, bm, c))) {
             n += !chunk_zero(t, bm, c);
         }
     }
@@ -694,8 +770,10 @@ int extree_bitmaps_prepare(Extree *t)
                 continue;
             }
             if (bm->chunk_state[c] == CHUNK_CHANGED &&
-                !memcmp(bm->bits + off, bm->cbits + off, t->block_size)) {
+                !chunk_differs(t, bm, c)) {
                 /* changed and changed back: it stays where it is */
+                g_free(bm->cchunk[c]);
+                bm->cchunk[c] = NULL;
                 bm->chunk_state[c] = CHUNK_CLEAN;
                 continue;
             }
@@ -843,8 +921,9 @@ void extree_bitmaps_commit_done(Extree *t)
         bm->cenabled = bm->enabled;
         for (uint64_t c = 0; c < bm->nchunks; c++) {
             if (bm->chunk_state[c] != CHUNK_CLEAN) {
-                memcpy(bm->cbits + c * t->block_size,
-                       bm->bits + c * t->block_size, t->block_size);
+                /* committed now: @bits is the committed content again */
+                g_free(bm->cchunk[c]);
+                bm->cchunk[c] = NULL;
                 bm->chunk_state[c] = CHUNK_CLEAN;
             }
         }
@@ -875,8 +954,9 @@ void extree_bitmaps_free(Extree *t)
 /* One entry at @p (@left bytes of the directory left); *@why on damage */
 static char *decode_entry(Extree *t, const uint8_t *p, uint64_t left,
                           GHashTable *names, uint64_t *used,
-                          ExtreeBitmap **out)
+                          ExtreeBitmap **out, char **big)
 {
+    const uint8_t *entry = p;
     uint32_t nlen = p[BE_OFF(name_len)] | (p[BE_OFF(name_len) + 1] << 8);
     uint32_t gbits, flags, nch;
     uint64_t want_nch;
@@ -920,8 +1000,21 @@ static char *decode_entry(Extree *t, const uint8_t *p, uint64_t left,
         g_free(name);
         return why;
     }
+    if (too_big(t, nch)) {
+        /* valid, but more than this implementation holds in memory */
+        *big = g_strdup_printf("bitmap '%s' takes %" PRIu64 " bytes of "
+                               "memory, more than %" PRIu64 "; 'qemu-img "
+                               "check -r all' removes it", name,
+                               (uint64_t)nch * t->block_size,
+                               t->bitmap_max_bytes);
+        g_free(name);
+        *out = NULL;
+        return NULL;
+    }
     bm = bm_new(t, name, gbits, flags & EXTREE_BITMAP_ENABLED);
     bm->cenabled = bm->enabled;
+    /* checked against the chunks by load_chunks() */
+    bm->count = ext_ld64(entry + BE_OFF(dirty_granules));
     g_free(name);
     p += sizeof(ExtreeDiskBitmapEntry) + EXTREE_ROUND_UP(nlen, 8);
     for (uint64_t c = 0; c < nch; c++, p += sizeof(ExtreeDiskBitmapChunk)) {
@@ -1011,7 +1104,6 @@ static int load_chunks(Extree *t, ExtreeBitmap *bm, uint64_t want_count)
                               PRIu64, t->bitmap_dir, bm->name, count,
                               want_count);
     }
-    memcpy(bm->cbits, bm->bits, (size_t)bm->nchunks * t->block_size);
     return 0;
 }
 
@@ -1085,9 +1177,22 @@ int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
     for (uint32_t i = 0; !why && i < sb->bitmap_count; i++) {
         ExtreeBitmap *bm = NULL;
         uint64_t used = 0;
+        char *big = NULL;
 
-        why = decode_entry(t, p, buf + len - p, names, &used, &bm);
-        if (!why) {
+        why = decode_entry(t, p, buf + len - p, names, &used, &bm, &big);
+        if (big) {
+            g_free(t->last_error);
+            t->last_error = big;
+            if (!tolerate) {
+                g_hash_table_destroy(names);
+                g_free(buf);
+                bitmaps_reset(t);
+                return -EFBIG;
+            }
+            /* left out: its chunks are leaks until a repair drops it */
+            note_bad(t);
+            p += used;
+        } else if (!why) {
             g_ptr_array_add(t->bitmaps, bm);
             g_hash_table_add(names, bm->name);
             t->bitmaps_enabled += bm->enabled;
@@ -1118,14 +1223,10 @@ int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
     t->bitmap_dir = sb->bitmap_dir;
     t->bitmap_dir_len = len;
     /* second pass for the counts: the entries are valid */
-    p = buf + sizeof(ExtreeDiskBitmapHeader);
     for (guint i = 0; i < t->bitmaps->len; i++) {
         ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
-        uint32_t nlen = p[BE_OFF(name_len)] | (p[BE_OFF(name_len) + 1] << 8);
 
-        p += entry_bytes(nlen, bm->nchunks);
-        ret = load_chunks(t, bm, ext_ld64(p - entry_bytes(nlen, bm->nchunks) +
-                                          BE_OFF(dirty_granules)));
+        ret = load_chunks(t, bm, bm->count);
         if (ret == -EIO && tolerate) {
             /* this one only: its chunks are leaks */
             note_bad(t);

@@ -383,11 +383,22 @@ typedef int ExtreeRemovedFn(void *opaque, const ExtreeItem *piece);
     for (uint32_t owner = EXTREE_TREE_EXTENT; owner <= EXTREE_TREE_FREE; \
          owner++)
 
+/*
+ * The most memory one bitmap's bits may take (bytes), as qcow2 bounds a
+ * bitmap (BME_MAX_PHYS_SIZE): 2^32 granules, 256 TiB of disk at 64 KiB.
+ * An implementation limit, not a format rule: a larger bitmap is refused
+ * at open (a checker's handle leaves it out, so that a repair can remove
+ * it), when added and when a resize would grow one past it.
+ */
+#define EXTREE_BITMAP_MAX_BYTES (512ULL * 1024 * 1024)
+
 /* A snapshot table entry, CPU side (ExtreeDiskSnapEntry) */
 /*
- * A persistent dirty bitmap (extree-bitmap.c).  @bits and @cbits are
- * @nchunks blocks each, in the on-disk order (granule g: bit g % 8 of
- * byte g / 8).
+ * A persistent dirty bitmap (extree-bitmap.c).  @bits is @nchunks blocks,
+ * in the on-disk order (granule g: bit g % 8 of byte g / 8).  The
+ * committed content is @bits too, except for the chunks this transaction
+ * changed: @cchunk[c] holds the committed copy of such a chunk (NULL for
+ * a clean one), so that memory is one copy of the bits plus what changed.
  */
 typedef struct ExtreeBitmap {
     char *name;
@@ -398,7 +409,7 @@ typedef struct ExtreeBitmap {
     uint64_t nchunks;
     uint64_t count;             /* granules set in @bits */
     uint8_t *bits;              /* the content, as the next commit stores it */
-    uint8_t *cbits;             /* the committed content */
+    uint8_t **cchunk;           /* committed copies of changed chunks */
     uint64_t *chunk_off;        /* where each chunk lies, 0: all clear */
     uint32_t *chunk_csum;
     /* clean, changed in memory, or given new space by this commit */

@@ -507,6 +507,8 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     t->dirty_limit = MAX((o->dirty_limit ? o->dirty_limit
                           : EXTREE_DEFAULT_DIRTY_LIMIT) / t->node_size, 16);
     t->commit_by_caller = o->commit_by_caller;
+    t->bitmap_max_bytes = o->bitmap_max_bytes ? o->bitmap_max_bytes :
+                          EXTREE_BITMAP_MAX_BYTES;
     extree_cache_init(t);
     extree_sm_init(t);
 

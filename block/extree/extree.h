@@ -116,6 +116,12 @@ typedef struct ExtreeOpenOptions {
      * fail then: what the root lost cannot be told from a hole.
      */
     bool check;
+    /*
+     * The most memory one persistent bitmap's bits may take, 0 =
+     * EXTREE_BITMAP_MAX_BYTES (512 MiB, as qcow2): a larger bitmap is
+     * refused at open (left out with @check), when added and on growth
+     */
+    uint64_t bitmap_max_bytes;
 } ExtreeOpenOptions;
 
 #define EXTREE_DEFAULT_CACHE_SIZE   (32 * 1024 * 1024)

@@ -855,6 +855,110 @@ static void test_model(void)
     extree_mem_backend_free(m.be);
 }
 
+/*
+ * A write in place is marked before its data is issued: a commit that
+ * stores the caller's bits before the caller's own bitmap has the write
+ * (QEMU marks when the request returns, after an emulated FUA flush or a
+ * flush between two runs) keeps it (issue 49 A).  Without the mark, the
+ * clear synced here would commit a bitmap that misses durable data.
+ */
+static void test_in_place_marked(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeRun run;
+    uint8_t *zero;
+    bool in_place;
+
+    extree_bitmaps_keep_marks(t);
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    ct_write(t, 5 * G64K, BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    /* the caller reflected everything so far (a drain) */
+    extree_bitmaps_marks_reflected(t);
+    g_assert_cmpint(ct_lookup1(t, 5 * G64K, &run), ==, 0);
+    g_assert_cmpint(extree_in_place(t, &run, 5 * G64K, BS, &in_place), ==,
+                    0);
+    g_assert_true(in_place);
+    /* as the driver does, under its lock, before the data goes out */
+    extree_bitmaps_mark(t, 5 * G64K, BS);
+    g_assert_true(extree_bitmaps_have_marks(t));
+    /* the caller's bitmap was cleared meanwhile, and a commit syncs it */
+    zero = g_malloc0(extree_bitmap_bytes(t, 0));
+    g_assert_cmpint(extree_bitmap_sync(t, 0, zero, true, false), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    /* a crash now: the durable write in place is in the bitmap */
+    t = ct_open(be);
+    assert_set(t, "b0", "5");
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    g_free(zero);
+    extree_mem_backend_free(be);
+}
+
+/* One bitmap's bits beyond the limit: refused, named; check removes it */
+static void test_memory_bound(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    ExtreeOpenOptions small = { .bitmap_max_bytes = BS };
+    ExtreeOpenOptions chk = { .check = true, .read_only = true,
+                              .bitmap_max_bytes = BS };
+    ExtreeOpenOptions rep = { .check = true, .repair = true,
+                              .bitmap_max_bytes = BS };
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeCheckResult res;
+    char *why = NULL, *err = NULL;
+    Extree *t = NULL;
+
+    /* 64 MiB at 4 KiB: 2 KiB of bits, one chunk; at 256 MiB two */
+    g_assert_cmpint(extree_open(be, &small, &t, &err), ==, 0);
+    g_assert_cmpint(extree_bitmap_add(t, "b0", BS, true), ==, 0);
+    ct_write(t, 0, BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpint(extree_set_virtual_size(t, 4 * VSIZE), ==, -EFBIG);
+    g_assert_nonnull(strstr(extree_last_error(t), "bitmap 'b0'"));
+    g_assert_cmpuint(extree_virtual_size(t), ==, VSIZE);
+    g_assert_cmpint(extree_bitmap_remove(t, "b0"), ==, 0);
+    g_assert_cmpint(extree_set_virtual_size(t, 4 * VSIZE), ==, 0);
+    g_assert_cmpint(extree_bitmap_check_new(t, "b1", BS, &why), ==, -EFBIG);
+    g_assert_nonnull(strstr(why, "Too much space"));
+    g_free(why);
+    g_assert_cmpint(extree_bitmap_add(t, "b1", BS, true), ==, -EFBIG);
+    g_assert_cmpint(extree_bitmap_add(t, "b2", 2 * BS, true), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+
+    /* stored by a handle with a larger limit */
+    t = ct_open(be);
+    g_assert_cmpint(extree_bitmap_add(t, "big", BS, true), ==, 0);
+    ct_write(t, 3 * VSIZE, BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    t = NULL;
+    g_assert_cmpint(extree_open(be, &small, &t, &err), ==, -EFBIG);
+    g_assert_nonnull(strstr(err, "bitmap 'big'"));
+    g_free(err);
+    err = NULL;
+
+    /* check opens it without the bitmap and says why; repair drops it */
+    g_assert_cmpint(extree_open(be, &chk, &t, &err), ==, 0);
+    g_assert_cmpuint(extree_bitmap_count(t), ==, 1);
+    g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+    g_assert_true(ct_has_msg(&r, "bitmap 'big'"));
+    extree_close(t);
+    g_assert_cmpint(extree_open(be, &rep, &t, &err), ==, 0);
+    g_assert_cmpint(extree_check(t, true, &res, ct_report, &r), ==, 0);
+    extree_close(t);
+    g_assert_cmpint(extree_open(be, &small, &t, &err), ==, 0);
+    g_assert_cmpuint(extree_bitmap_count(t), ==, 1);
+    g_assert_cmpint(extree_bitmap_find(t, "b2"), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    g_ptr_array_free(r.msgs, true);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -872,5 +976,7 @@ int main(int argc, char **argv)
     g_test_add_func("/bitmap/check-repair", test_check_repair);
     g_test_add_func("/bitmap/model", test_model);
     g_test_add_func("/bitmap/kept-marks", test_kept_marks);
+    g_test_add_func("/bitmap/in-place-marked", test_in_place_marked);
+    g_test_add_func("/bitmap/memory-bound", test_memory_bound);
     return g_test_run();
 }
