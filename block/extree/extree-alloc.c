@@ -216,9 +216,10 @@ uint64_t extree_alloc_nodes_need(const Extree *t, uint64_t contig)
 /*
  * The nodes an update that allocates no data may take, with the commit
  * after it: the headroom a backend of fixed size keeps for an update's
- * nodes and commits, and per range logged so far a copy of a path through
+ * nodes and commits, per range logged so far a copy of a path through
  * the free or reference count tree and a split, which is what the
- * commit's syncs write for it
+ * commit's syncs write for it, and the new places of the bitmap chunks
+ * this transaction changed and of the bitmap directory
  */
 static uint64_t nodes_per_logged(const Extree *t)
 {
@@ -231,7 +232,18 @@ uint64_t extree_alloc_nodes_estimate(const Extree *t)
     uint64_t logged = t->space.oplog->len +
                       (t->space.reflog ? t->space.reflog->len : 0);
 
-    return EXT_META_HEADROOM_NODES + logged * nodes_per_logged(t);
+    return EXT_META_HEADROOM_NODES + logged * nodes_per_logged(t) +
+           t->space.commit_extra;
+}
+
+/*
+ * What the next commit takes besides the trees' nodes, in nodes, as its
+ * caller counts it (the bitmaps' new chunks and directory): part of the
+ * estimate from now on.  O(1).
+ */
+void extree_alloc_commit_extra(Extree *t, uint64_t nodes)
+{
+    t->space.commit_extra = nodes;
 }
 
 /*

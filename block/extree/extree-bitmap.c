@@ -208,7 +208,27 @@ static void chunk_touch(Extree *t, ExtreeBitmap *bm, uint64_t c)
         bm->cchunk[c] = g_memdup2(bm->bits + c * t->block_size,
                                   t->block_size);
         bm->chunk_state[c] = CHUNK_CHANGED;
+        t->bitmap_chunks_changed++;
     }
+}
+
+/*
+ * Tell the allocator what the next commit takes for the bitmaps, so that
+ * updates stop (-ENOSPC) before a commit could run out of room on storage
+ * of fixed size: a block for each changed chunk (counted as a node: it
+ * may take a free node-sized range) and the directory, which moves whole.
+ * O(bitmaps).
+ */
+void extree_bitmaps_commit_space(Extree *t)
+{
+    uint64_t dir = 0;
+
+    if (t->bitmaps_dirty && t->bitmaps && t->bitmaps->len) {
+        dir = EXTREE_ROUND_UP(dir_bytes(t, t->virtual_size, 0),
+                              t->block_size);
+        dir = (dir + t->node_size - 1) / t->node_size + 1;
+    }
+    extree_alloc_commit_extra(t, t->bitmap_chunks_changed + dir);
 }
 
 /* Chunk @c as committed */
@@ -292,6 +312,7 @@ static void bitmaps_changed(Extree *t)
 {
     t->bitmaps_dirty = true;
     t->super_dirty = true;
+    extree_bitmaps_commit_space(t);
 }
 
 /* ---- Marks: every change of the live tree's guest range ---- */
@@ -912,6 +933,8 @@ void extree_bitmaps_commit_done(Extree *t)
         g_array_set_size(t->bitmap_marks, 0);
     }
     t->bitmap_held = 0;
+    t->bitmap_chunks_changed = 0;
+    extree_alloc_commit_extra(t, 0);
     if (!t->bitmaps_dirty) {
         return;
     }
@@ -947,6 +970,7 @@ void extree_bitmaps_free(Extree *t)
     t->bitmap_dir = t->bitmap_dir_len = 0;
     t->bitmaps_dirty = false;
     t->bitmaps_enabled = 0;
+    t->bitmap_chunks_changed = 0;
     g_free(t->bitmaps_bad);
     t->bitmaps_bad = NULL;
 }

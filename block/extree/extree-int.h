@@ -549,6 +549,11 @@ typedef struct ExtreeSpace {
      * (extree_data_fresh())
      */
     ExtreeRangeSet fresh_data;
+    /*
+     * Nodes' worth of space the next commit takes besides the trees'
+     * nodes (bitmap chunks and directory; extree_alloc_commit_extra())
+     */
+    uint64_t commit_extra;
     /* ExtreeAllocOp since the last free-tree sync */
     GArray *oplog;
     /*
@@ -751,6 +756,12 @@ struct Extree {
      * first to its granule does not: a commit would not let it in.
      */
     uint64_t bitmap_held;
+    /*
+     * Chunks this transaction changed (each takes a new block at the
+     * commit, as the directory does): counted in what a commit needs
+     * (extree_alloc_nodes_estimate())
+     */
+    uint64_t bitmap_chunks_changed;
     /*
      * A checker's handle: what was wrong with the bitmaps it left out
      * (extree_bitmaps_load()), NULL if nothing
@@ -967,6 +978,7 @@ void extree_alloc_set_partial(Extree *t, uint64_t free_lo, uint64_t free_hi,
 uint64_t extree_alloc_nodes_need(const Extree *t, uint64_t contig);
 bool extree_alloc_fits(const Extree *t, uint64_t len);
 uint64_t extree_alloc_nodes_estimate(const Extree *t);
+void extree_alloc_commit_extra(Extree *t, uint64_t nodes);
 bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig);
 bool extree_alloc_room_short(const Extree *t);
 bool extree_alloc_update_fits(const Extree *t);
@@ -1145,6 +1157,7 @@ int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate);
 void extree_bitmaps_drop_damaged(Extree *t);
 void extree_bitmaps_free(Extree *t);
 int extree_bitmaps_resize_ok(Extree *t, uint64_t size);
+void extree_bitmaps_commit_space(Extree *t);
 int extree_bitmaps_resize(Extree *t, uint64_t size);
 int extree_bitmaps_prepare(Extree *t);
 int extree_bitmaps_write(Extree *t);
