@@ -31,7 +31,7 @@ FORMATS = ["extree", "qcow2-64k", "qcow2-4k", "raw-btrfs", "raw-xfs",
 SCALE_ORDER = ["full", "quick"]
 # written into docs/performance/full by scripts run on their own
 # (bench-compress.py, bench-crypt.py; bench-bitmaps.py also inside a run)
-STANDALONE = {"compress.csv", "crypt.csv", "bitmaps.csv"}
+STANDALONE = {"compress.csv", "crypt.csv", "bitmaps.csv", "regress.csv"}
 MiB = 1024 * 1024
 
 
@@ -651,6 +651,28 @@ def section(run, top):
                     out.append(wrap(f"{r['format']}, {r['measure']}: "
                                     f"{r['note']}", "  ", "- "))
             out.append("")
+
+    reg = run.csv("regress")
+    if reg:
+        sub("Regression watch (scripts/bench-regress.py)")
+        out.append(wrap("Whole commands that regressed once (issue 50), "
+                        "medians over the rounds, each round running every "
+                        "measure once.  startup: ``qemu-img info`` of a "
+                        "small image, this build against Debian's own "
+                        "qemu-img.  create, delete: ``qemu-img snapshot "
+                        "-c``, and ``-d`` of a snapshot taken just before.  "
+                        "write: one qemu-io writing 4 KiB into a hole, "
+                        "without a snapshot, with one, and with 64 MiB "
+                        "past host_end (a crash's grow-ahead: the one case "
+                        "that reads every tree first).  The previous "
+                        "round's figure and the target beside each."))
+        out.append("")
+        rows = [[r["scenario"], r["measure"], r["what"],
+                 secs(float(r["median_s"])), r["previous"], r["target"],
+                 r["note"]] for r in reg]
+        out.append(table(["Scenario", "Measure", "What", "Median",
+                          "Previous round", "Target", "Note"], rows))
+        out.append("")
 
     sub("Peak RSS of qemu-img map (KiB, warm)")
     rows = []

@@ -31,8 +31,9 @@ usage: scripts/bench.sh [options]            (or: make bench BENCH_ARGS="...")
                      convert-raw convert-null bench-read-d1 bench-read-d32
                      bench-read-d1-cache8m bench-read-d32-cache8m
                      bench-write-d1 bench-write-d32 callgrind snapshot
-                     bitmaps
-                     (default: each scenario's set, snapshot and bitmaps)
+                     bitmaps regress
+                     (default: each scenario's set, snapshot, bitmaps and
+                     regress)
   --dir DIR          scratch directory for the filesystem images, mounts and
                      results (default: build/bench)
   --image-fs FS      filesystem holding the qcow2 and extree images (xfs)
@@ -198,7 +199,8 @@ pyargs=(--top "$top" --dir "$dir" --scale "$scale" --runs "$runs"
 # snapshot and bitmaps are bench-snapshot.py's and bench-bitmaps.py's,
 # below; the rest are bench.py's
 py_measures=$(echo ",$measures," |
-              sed 's/,snapshot,/,/g; s/,bitmaps,/,/g; s/^,//; s/,$//')
+              sed 's/,snapshot,/,/g; s/,bitmaps,/,/g; s/,regress,/,/g;
+                   s/^,//; s/,$//')
 [ -n "$py_measures" ] && pyargs+=(--measures "$py_measures")
 [ -n "$bench_secs" ] && pyargs+=(--bench-secs "$bench_secs")
 [ "$append" = 1 ] && pyargs+=(--append)
@@ -234,6 +236,16 @@ if [ -z "$measures" ] || [[ ",$measures," == *,bitmaps,* ]]; then
         --dir "$dir/mnt/$image_fs/bitmaps" \
         --out "$dir/results/${scale//\//-}/bitmaps.csv" ||
         die "scripts/bench-bitmaps.py failed"
+fi
+
+# Whole-command costs that regressed once (issue 50): start-up against
+# Debian's qemu-img, snapshot -c and -d and the first write of a session at
+# 65,536 and 1,048,576 extents (scripts/bench-regress.py)
+if [ -z "$measures" ] || [[ ",$measures," == *,regress,* ]]; then
+    $py "$top/scripts/bench-regress.py" --scale "$scale" --runs "$runs" \
+        --dir "$dir/mnt/$image_fs/regress" \
+        --out "$dir/results/${scale//\//-}/regress.csv" ||
+        die "scripts/bench-regress.py failed"
 fi
 
 if [ "$report" = 1 ]; then
