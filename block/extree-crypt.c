@@ -20,6 +20,7 @@
 #include "crypto.h"
 #include "crypto/block.h"
 #include "qapi/error.h"
+#include "qemu/bswap.h"
 #include "qemu/memalign.h"
 #include "qobject/qdict.h"
 #include "system/block-backend.h"
@@ -79,6 +80,49 @@ xt_crypt_hdr_write(QCryptoBlock *block, size_t offset, const uint8_t *buf,
     return 0;
 }
 
+/* LUKS1's header layout (docs/interop/luks.rst): the fields read here */
+#define XT_LUKS_KEY_BYTES       108     /* be32: master key length */
+#define XT_LUKS_SLOTS           208     /* 8 key slots of 48 bytes */
+#define XT_LUKS_SLOT_SIZE       48
+#define XT_LUKS_SLOT_OFFSET     40      /* be32: key material sector */
+#define XT_LUKS_SLOT_STRIPES    44      /* be32 */
+#define XT_LUKS_NUM_SLOTS       8
+#define XT_LUKS_HDR_SECTORS     8       /* key material aligned to 4 KiB */
+
+/*
+ * The bytes the LUKS header at the start of the encryption header area
+ * occupies: up to the end of its last key slot's material, as LUKS lays
+ * it out (qcrypto_block_luks_splitkeylen_sectors()).  Called once
+ * qcrypto_block_open() has validated the slots.  crypt_header_length must
+ * cover it: a shorter one would let a repair free the other slots.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_crypt_luks_end(BDRVExtreeState *s, uint64_t *end)
+{
+    uint8_t hdr[XT_LUKS_SLOTS + XT_LUKS_NUM_SLOTS * XT_LUKS_SLOT_SIZE];
+    uint64_t key_bytes;
+    int ret;
+
+    ret = bdrv_co_pread(s->bs->file, s->crypt_hdr_offset, sizeof(hdr), hdr,
+                        0);
+    if (ret < 0) {
+        return ret;
+    }
+    key_bytes = ldl_be_p(hdr + XT_LUKS_KEY_BYTES);
+    *end = 0;
+    for (int i = 0; i < XT_LUKS_NUM_SLOTS; i++) {
+        const uint8_t *sl = hdr + XT_LUKS_SLOTS + i * XT_LUKS_SLOT_SIZE;
+        uint64_t start = ldl_be_p(sl + XT_LUKS_SLOT_OFFSET);
+        uint64_t len = DIV_ROUND_UP(key_bytes *
+                                    ldl_be_p(sl + XT_LUKS_SLOT_STRIPES),
+                                    BDRV_SECTOR_SIZE);
+
+        len = ROUND_UP(len, XT_LUKS_HDR_SECTORS);
+        *end = MAX(*end, (start + len) * BDRV_SECTOR_SIZE);
+    }
+    return 0;
+}
+
 /*
  * @encryptopts: the "encrypt." options of the open, prefix removed.  An
  * image without encryption accepts only options that name no format
@@ -128,6 +172,24 @@ xt_crypt_open(BDRVExtreeState *s, QDict *encryptopts, int flags,
                                    cflags, errp);
     if (!s->crypto) {
         return -EINVAL;
+    }
+    if (!(flags & BDRV_O_NO_IO)) {
+        uint64_t end;
+        int ret = xt_crypt_luks_end(s, &end);
+
+        if (ret == 0 && end > s->crypt_hdr_len) {
+            error_setg(errp, "extree: corrupt superblock: crypt_header_length"
+                       " 0x%" PRIx64 " is shorter than the LUKS header it "
+                       "holds (0x%" PRIx64 " bytes)", s->crypt_hdr_len, end);
+            ret = -EIO;
+        } else if (ret < 0) {
+            error_setg_errno(errp, -ret, "Could not read encryption header");
+        }
+        if (ret < 0) {
+            qcrypto_block_free(s->crypto);
+            s->crypto = NULL;
+            return ret;
+        }
     }
     bs->encrypted = true;
     trace_extree_crypt_open(s, s->crypt_hdr_offset, s->crypt_hdr_len,
