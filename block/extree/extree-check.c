@@ -53,6 +53,7 @@ typedef struct Claim {
     uint64_t start, len;
     uint64_t key;               /* node: bytenr; DATA: guest offset */
     int kind;
+    bool compressed;            /* DATA: a compressed extent's payload */
 } Claim;
 
 /* A host range and a reference count */
@@ -118,8 +119,30 @@ static void G_GNUC_PRINTF(2, 3) say(CheckCtx *c, const char *fmt, ...)
 static void claim(CheckCtx *c, uint64_t start, uint64_t len, uint64_t key,
                   int kind)
 {
-    Claim cl = { start, len, key, kind };
+    Claim cl = { start, len, key, kind, false };
     g_array_append_val(c->claims, cl);
+}
+
+/* A compressed extent's payload: it maps the whole unit at @key */
+static void claim_payload(CheckCtx *c, uint64_t start, uint64_t len,
+                          uint64_t key)
+{
+    Claim cl = { start, len, key, CLAIM_DATA, true };
+    g_array_append_val(c->claims, cl);
+}
+
+/*
+ * Two DATA claims on host byte @at: the same data only if both map it
+ * from the same guest offset (trees share data where they share guest
+ * offsets; a compressed payload goes with its whole unit)
+ */
+static bool same_data(const Claim *a, const Claim *b, uint64_t at)
+{
+    if (a->compressed || b->compressed) {
+        return a->compressed && b->compressed && a->start == b->start &&
+               a->key == b->key;
+    }
+    return a->key + (at - a->start) == b->key + (at - b->start);
 }
 
 static int claim_kind(uint32_t owner)
@@ -350,9 +373,9 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
                     /* the payload's blocks, once per item (never split) */
                     c->res->data_bytes += it.length;
                     c->res->compressed_bytes += it.length;
-                    claim(c, it.host,
-                          extree_item_host_bytes(&it, t->block_size),
-                          it.key, CLAIM_DATA);
+                    claim_payload(c, it.host,
+                                  extree_item_host_bytes(&it, t->block_size),
+                                  it.key);
                 }
             } else if (owner == EXTREE_TREE_REFS) {
                 g_array_append_val(c->refs_found, it);
@@ -613,7 +636,7 @@ static void overlap(CheckCtx *c, const Claim *a, const Claim *b)
      * to doubt: rebuilding the free tree resolves it
      */
     if (a->kind == CLAIM_DATA && b->kind == CLAIM_DATA &&
-        extree_has_refs(c->t)) {
+        extree_has_refs(c->t) && same_data(a, b, at)) {
         return;     /* shared by snapshots: the counts are checked later */
     }
     count(c, a->kind == CLAIM_FREE || b->kind == CLAIM_FREE ||

@@ -605,6 +605,51 @@ static void test_refs_low_cow(void)
 }
 
 /*
+ * F (issue 49): the snapshot's own first leaf maps guest 1024 to the host
+ * block of guest 2048.  Trees share data only where they share guest
+ * offsets, so the checker reports a double use and "-r all" must not
+ * adopt it by raising the reference count (it did, and reported the
+ * image clean): the repair is refused and the corruption stays reported.
+ */
+static void test_double_use_not_adopted(void)
+{
+    ExtreeBackend *be = make_image();
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeCheckResult res;
+    uint64_t root = entry_root(be), leaf;
+    uint8_t *buf;
+    Extree *t;
+
+    buf = ct_node_read(be, root, NS);
+    g_assert_cmpuint(buf[EXT_NH_LEVEL], ==, 1);
+    leaf = ext_ld64(buf + EXTREE_NODE_HEADER_SIZE + EXT_KP_CHILD);
+    g_free(buf);
+    buf = ct_node_read(be, leaf, NS);
+    g_assert_cmpuint(GUINT64_FROM_LE(ct_item(buf, 1)->key), ==, 1024);
+    g_assert_cmpuint(GUINT64_FROM_LE(ct_item(buf, 2)->key), ==, 2048);
+    ct_item(buf, 1)->host_offset = ct_item(buf, 2)->host_offset;
+    ct_node_write(be, leaf, buf, NS, true);
+    g_free(buf);
+
+    t = open_opts(be, true, true, 0, NULL);
+    g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, >=, 1);
+    g_assert_true(ct_has_msg(&r, "double use of host offset"));
+    extree_close(t);
+
+    t = open_opts(be, false, true, 0, NULL);
+    g_assert_cmpint(extree_check(t, true, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.repaired_corruptions, <, res.corruptions);
+    extree_close(t);
+    t = open_opts(be, true, true, 0, NULL);
+    g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, >=, 1);
+    extree_close(t);
+    g_ptr_array_free(r.msgs, true);
+    extree_mem_backend_free(be);
+}
+
+/*
  * The walk of every tree before a handle's first update (the lowered
  * host_end class, tests/fuzz/fixed/host-end-lowered-vmstate) runs only
  * when the backend holds bytes past host_end: after a clean close the
@@ -678,6 +723,8 @@ int main(int argc, char **argv)
     g_test_add_func("/hostile-snap/refs-low-write", test_refs_low_write);
     g_test_add_func("/hostile-snap/refs-low-replace", test_refs_low_replace);
     g_test_add_func("/hostile-snap/refs-low-cow", test_refs_low_cow);
+    g_test_add_func("/hostile-snap/double-use-not-adopted",
+                    test_double_use_not_adopted);
     g_test_add_func("/hostile-snap/probe-only-with-tail",
                     test_probe_only_with_tail);
     return g_test_run();
