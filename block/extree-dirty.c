@@ -20,8 +20,10 @@
  */
 
 #include "qemu/osdep.h"
-#include "qapi/error.h"
+#include "block/block-io.h"
+#include "block/block_int.h"
 #include "block/dirty-bitmap.h"
+#include "qapi/error.h"
 #include "qemu/error-report.h"
 #include "trace/trace-block_extree.h"
 #include "extree-qemu.h"
