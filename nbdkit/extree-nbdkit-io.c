@@ -141,7 +141,13 @@ int xp_commit_locked(void)
          */
         nbdkit_error("no space left for metadata; changes since the last "
                      "commit are lost");
-        extree_rollback(xp.t);
+        if (extree_rollback(xp.t) < 0) {
+            /* as the driver: the handle stays broken, updates fail */
+            nbdkit_error("could not go back to the last commit: %s; the "
+                         "image must be opened again",
+                         extree_last_error(xp.t) ? extree_last_error(xp.t) :
+                         "read error");
+        }
         ret = -ENOSPC;
     }
     xp.commit_waiting--;
