@@ -7,7 +7,7 @@
  * host limit of a file that cannot grow, and the trim of the tail past
  * host_end.
  *
- * Calls only the core and the block layer, never extree.c or extree-io.c.
+ * Calls only the core and the block layer, never the driver's other files.
  *
  * Copyright (c) 2026 The extree authors
  *

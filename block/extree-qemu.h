@@ -1,22 +1,32 @@
 /*
- * extree: QEMU driver internals, shared by the driver's three files
+ * extree: QEMU driver internals, shared by the driver's files
  *
  * The image format lives in the QEMU-independent core behind
  * block/extree/extree.h (its functions are extree_*).  The QEMU driver is
  *
- *   extree.c       the BlockDriver table, open/close/reopen, inactivate and
- *                  invalidate, create/measure/amend, info and check glue
- *   extree-io.c    requests, s->lock and the commit gate, commits, the
- *                  corruption helper, reads, writes (read-modify-write),
- *                  discard, write zeroes, truncate, flush, block status
- *   extree-file.c  the core's backend over bs->file (and over a
- *                  BlockBackend, for create), readahead, grow-ahead of the
- *                  file and the limit of a file that cannot grow
+ *   extree.c           the BlockDriver table, open/close/reopen, inactivate
+ *                      and invalidate, the commit timer, info and check glue
+ *   extree-create.c    create, measure, amend and their option lists
+ *   extree-snapshot.c  internal snapshots and VM state
+ *   extree-dirty.c     persistent dirty bitmaps: QEMU's and the core's
+ *   extree-range.c     discard, write zeroes, truncate, preallocation
+ *   extree-write.c     writes (in place, or read-modify-write to new
+ *                      space), inflating compressed units, compressed
+ *                      writes, flush
+ *   extree-read.c      lock-free lookups, reads, block status
+ *   extree-req.c       requests, s->lock and the commit gate, commits,
+ *                      allocation requests, the corruption helper, calls
+ *                      from the main loop
+ *   extree-crypt.c     LUKS encryption of data and the header
+ *   extree-codec.c     compression in the thread pool
+ *   extree-file.c      the core's backend over bs->file (and over a
+ *                      BlockBackend, for create), readahead, grow-ahead of
+ *                      the file and the limit of a file that cannot grow
  *
- * Calls go one way only: extree.c -> extree-io.c -> extree-file.c, and
- * extree.c -> extree-file.c.  The driver's own functions are xt_*, except
- * its BlockDriver callbacks, which keep extree_* names as qcow2's do; any
- * other extree_* function the driver calls is the core's.
+ * Calls go downwards in that list (scripts/check-layers.py): a file calls
+ * the files below it, never one above.  The driver's own functions are
+ * xt_*, except its BlockDriver callbacks, which keep extree_* names as
+ * qcow2's do; any other extree_* function the driver calls is the core's.
  *
  * Copyright (c) 2026 The extree authors
  *
@@ -27,6 +37,7 @@
 #define BLOCK_EXTREE_QEMU_H
 
 #include "block/block_int.h"
+#include "block/reqlist.h"
 #include "qemu/coroutine.h"
 #include "qemu/queue.h"
 #include "qemu/timer.h"
@@ -42,16 +53,6 @@
 #define EXTREE_QEMU_MAX_SIZE \
     MIN((uint64_t)EXTREE_MAX_VIRTUAL_SIZE, (uint64_t)BDRV_MAX_LENGTH)
 
-/*
- * An allocating write in flight: guest blocks [start, end) have host space
- * allocated but not mapped yet.  Others that want to allocate or change
- * blocks of this range wait on @waiters.  Lives on the writer's stack.
- */
-typedef struct ExtreeAllocReq {
-    uint64_t start, end;
-    CoQueue waiters;
-    QLIST_ENTRY(ExtreeAllocReq) next;
-} ExtreeAllocReq;
 
 /*
  * A tree node read without s->lock for a no-wait lookup (xt_query()):
@@ -136,10 +137,14 @@ typedef struct BDRVExtreeState {
     uint64_t virtual_size;
 
     /*
-     * Allocating writes in flight (ExtreeAllocReq); two requests never
-     * allocate the same guest block.  Protected by lock.
+     * Allocating writes in flight, QEMU's request list (block/reqlist.h):
+     * a BlockReq on the writer's stack says that guest blocks [offset,
+     * offset + bytes) have host space allocated but not mapped yet;
+     * others that want to allocate or change blocks of the range wait on
+     * it (xt_wait_alloc()).  Two requests never allocate the same guest
+     * block.  Protected by lock.
      */
-    QLIST_HEAD(, ExtreeAllocReq) alloc_reqs;
+    BlockReqList alloc_reqs;
 
     /*
      * Node reads in flight without the lock (ExtreeNodeRead), at most one
@@ -291,7 +296,7 @@ void coroutine_fn GRAPH_RDLOCK xt_grow_before_nodes(BDRVExtreeState *s,
  */
 void coroutine_mixed_fn GRAPH_RDLOCK xt_trim_file(BDRVExtreeState *s);
 
-/* ---- extree-io.c ---- */
+/* ---- extree-req.c ---- */
 
 static inline void coroutine_fn xt_lock(BDRVExtreeState *s)
 {
@@ -304,10 +309,40 @@ static inline void coroutine_fn xt_queue_wait(BDRVExtreeState *s, CoQueue *q)
     qemu_co_queue_wait(q, &s->lock);
 }
 
+/* Drop s->lock, handling a corruption the core recorded meanwhile */
+void coroutine_fn xt_unlock(BDRVExtreeState *s);
 /* Start a request: takes s->lock; -ENOMEDIUM without a core handle */
 int coroutine_fn xt_enter(BDRVExtreeState *s);
+/*
+ * The same from a request that is counted already (@nested), which must
+ * not wait for an invalidation its own request holds back
+ */
+int coroutine_fn xt_enter_nested(BDRVExtreeState *s, bool nested);
 /* End a request: drops s->lock (and handles a recorded corruption) */
 void coroutine_fn xt_leave(BDRVExtreeState *s);
+/*
+ * Count a request between its lookup and the end of its data I/O; waits
+ * (dropping s->lock) while a commit is pending.  s->lock held.
+ */
+void coroutine_fn xt_io_begin(BDRVExtreeState *s);
+void coroutine_fn xt_io_end(BDRVExtreeState *s);
+/* The allocating write that overlaps guest [start, end), if any */
+BlockReq *xt_find_alloc(BDRVExtreeState *s, uint64_t start, uint64_t end);
+/*
+ * Hold guest blocks [start, end) for an allocating write (@req on the
+ * writer's stack) until xt_alloc_done().  s->lock held; nothing may
+ * overlap (xt_wait_alloc() first).
+ */
+void xt_alloc_begin(BDRVExtreeState *s, BlockReq *req, uint64_t start,
+                    uint64_t end);
+/* Let the waiters on @req go.  s->lock held. */
+void coroutine_fn xt_alloc_done(BlockReq *req);
+/*
+ * Wait until no allocating write overlaps guest [start, end); true if it
+ * waited.  s->lock held; dropped while waiting.
+ */
+bool coroutine_fn xt_wait_alloc(BDRVExtreeState *s, uint64_t start,
+                                uint64_t end);
 
 /* The core's corruption handler: records the corruption, nothing more */
 void xt_corrupt_cb(void *opaque, uint64_t offset, const char *msg);
@@ -330,6 +365,55 @@ typedef int coroutine_fn GRAPH_RDLOCK ExtreeLockedOpFn(BDRVExtreeState *s,
 int GRAPH_RDLOCK xt_call_locked(BlockDriverState *bs, ExtreeLockedFn *fn);
 int GRAPH_RDLOCK xt_call_locked_op(BlockDriverState *bs,
                                    ExtreeLockedOpFn *fn, void *opaque);
+
+/* ---- extree-write.c ---- */
+
+/*
+ * Write guest [@offset, + @bytes) from @qiov; @nested: from a request
+ * that is counted already (xt_enter_nested())
+ */
+int coroutine_fn GRAPH_RDLOCK
+xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
+           QEMUIOVector *qiov, size_t qiov_offset, bool nested);
+/*
+ * The part of a write, guest [@offset, + @n), that falls into compressed
+ * run @run: the unit is rewritten as data with it.  *@done: the part
+ * written.  Called as xt_pwritev() calls it.
+ */
+int coroutine_fn GRAPH_RDLOCK
+xt_inflate(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
+           uint64_t n, QEMUIOVector *qiov, size_t qiov_offset,
+           uint64_t *done);
+/*
+ * Before a range update of guest [@start, @end): waits until no
+ * allocating write overlaps it and no compressed extent lies across
+ * either end (rewritten uncompressed if one does), and counts the request
+ * (xt_io_begin()).  s->lock held; may be dropped and retaken.
+ */
+int coroutine_fn GRAPH_RDLOCK
+xt_settle_range(BDRVExtreeState *s, uint64_t start, uint64_t end);
+
+/* ---- extree-create.c: create, measure, amend and their options ---- */
+
+#define EXTREE_OPT_BLOCK_SIZE       "block_size"
+#define EXTREE_OPT_NODE_SIZE        "node_size"
+
+extern QemuOptsList extree_create_opts;
+extern QemuOptsList extree_amend_opts;
+int coroutine_fn GRAPH_UNLOCKED
+extree_co_create(BlockdevCreateOptions *opts, Error **errp);
+int coroutine_fn GRAPH_UNLOCKED
+extree_co_create_opts(BlockDriver *drv, const char *filename, QemuOpts *opts,
+                      Error **errp);
+BlockMeasureInfo *extree_measure(QemuOpts *opts, BlockDriverState *in_bs,
+                                 Error **errp);
+int GRAPH_RDLOCK
+extree_amend_options(BlockDriverState *bs, QemuOpts *opts,
+                     BlockDriverAmendStatusCB *status_cb, void *cb_opaque,
+                     bool force, Error **errp);
+int coroutine_fn GRAPH_RDLOCK
+extree_co_amend(BlockDriverState *bs, BlockdevAmendOptions *opts, bool force,
+                Error **errp);
 
 /* extree-snapshot.c: internal snapshots and VM state */
 int GRAPH_RDLOCK extree_snapshot_create_bs(BlockDriverState *bs,

@@ -33,8 +33,12 @@ LAYERS = [
     'extree-check',
     'extree-file',
     ('extree-crypt', 'extree-codec', 'extree-dirty'),
-    'extree-io',
-    'extree-snapshot',
+    'extree-req',
+    'extree-read',
+    'extree-write',
+    'extree-range',
+    'extree-compressed',
+    ('extree-snapshot', 'extree-create'),
     'extree',
 ]
 # The core's top layer: the core lives in block/extree/, the driver in block/
@@ -53,7 +57,7 @@ def rank_of(name):
 
 def file_of(obj):
     # meson names objects block_extree_extree-node.c.o (the core, in
-    # block/extree/) or block_extree-io.c.o (the driver, in block/)
+    # block/extree/) or block_extree-req.c.o (the driver, in block/)
     base = os.path.basename(obj)
     base = base[:-len('.c.o')] if base.endswith('.c.o') else base
     return base.split('_')[-1]

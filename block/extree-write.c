@@ -1,0 +1,510 @@
+/*
+ * extree: QEMU driver, writes
+ *
+ * Writes in place where the core allows it (extree_in_place(); marked
+ * before the data goes out), else to new space with the rest of their
+ * first and last block (read-modify-write), then mapped; compressed
+ * units inflated when written to; flush.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "qemu/osdep.h"
+#include "block/block.h"
+#include "block/block_int.h"
+#include "qapi/error.h"
+#include "qapi/qapi-events-block-core.h"
+#include "qemu/coroutine.h"
+#include "qemu/cutils.h"
+#include "qemu/error-report.h"
+#include "qemu/memalign.h"
+#include "qemu/timer.h"
+#include "qemu/units.h"
+#include "trace/trace-block_extree.h"
+
+#include "extree-qemu.h"
+
+/* ---- Writes ---- */
+
+/*
+ * Fill @buf (@bytes) with what guest [@guest, @guest + @bytes) reads as now;
+ * it lies in a block of @run (possibly before @run->guest or past its end,
+ * within the same block).  DATA (shared with a snapshot, so not written in
+ * place): the old bytes in bs->file, decrypted.  UNALLOC: the backing file,
+ * or zeroes.  ZERO: zeroes.  Bytes past @vsize read as zeroes.  Called
+ * without s->lock.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_read_old(BDRVExtreeState *s, const ExtreeRun *run, uint64_t guest,
+            uint64_t bytes, uint64_t vsize, uint8_t *buf)
+{
+    memset(buf, 0, bytes);
+    if (guest >= vsize) {
+        return 0;
+    }
+    bytes = MIN(bytes, vsize - guest);
+    if (run->type == EXTREE_RUN_DATA) {
+        /* extents are whole blocks: the block is host-contiguous */
+        int ret = bdrv_co_pread(s->bs->file, run->host + guest - run->guest,
+                                bytes, buf, 0);
+
+        if (ret == 0 && s->crypto) {
+            ret = xt_crypt(s, false, guest, buf, bytes);
+        }
+        return ret;
+    }
+    if (run->type == EXTREE_RUN_UNALLOC && s->bs->backing) {
+        return bdrv_co_pread(s->bs->backing, guest, bytes, buf, 0);
+    }
+    return 0;
+}
+
+/*
+ * How guest [@offset, @offset + *@n) of DATA run @run is written: in place
+ * (*@in_place), or by the allocating path when a snapshot shares it (spec:
+ * Sharing, 3).  Shortens *@n so that blocks written in place are unshared,
+ * and so that the partial first and last block of an allocating write are
+ * shared: its read-modify-write of such a block must not race with a write
+ * in place to the rest of it (shared blocks are never written in place).
+ * Whole unshared blocks inside an allocating write move to new space with
+ * the rest (a write in place into them overlaps this one).
+ * O(log n) lookups.  Called with s->lock held.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_write_mode(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
+              uint64_t *n, bool *in_place)
+{
+    uint64_t bsz = s->block_size;
+    uint64_t start = QEMU_ALIGN_DOWN(offset, bsz);
+    uint64_t end = ROUND_UP(offset + *n, bsz);
+    uint64_t len;
+    bool head;
+    int ret;
+
+    ret = extree_in_place(s->t, run, start, end - start, in_place);
+    if (ret < 0 || *in_place) {
+        return ret;
+    }
+    /* a single block was just asked about */
+    head = false;
+    if (end - start > bsz) {
+        ret = extree_in_place(s->t, run, start, bsz, &head);
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    if (head) {
+        /* the unshared head, found by doubling (the whole is shared) */
+        len = bsz;
+        while (len * 2 < end - start) {
+            ret = extree_in_place(s->t, run, start, len * 2, &head);
+            if (ret < 0) {
+                return ret;
+            }
+            if (!head) {
+                break;
+            }
+            len *= 2;
+        }
+        *n = start + len - offset;
+        *in_place = true;
+        return 0;
+    }
+    if (end - start > bsz && (offset + *n) % bsz) {
+        bool tail;
+
+        ret = extree_in_place(s->t, run, end - bsz, bsz, &tail);
+        if (ret == 0 && tail) {
+            /* the partial last block is written in place, next round */
+            *n = end - bsz - offset;
+        }
+    }
+    return ret;
+}
+
+/*
+ * The allocating part of a write: guest [@offset, @offset + @n) lies in
+ * @run, which is UNALLOC or ZERO, or DATA that a snapshot shares.
+ * Allocates host space for the blocks it touches, writes the guest data
+ * there together with the rest of its first and last block (read-modify-
+ * write: the shared DATA, the backing file or zeroes), then maps the
+ * blocks (the old mapping loses its reference).  *@done is the part of
+ * the request written (the allocation may have been shorter).
+ *
+ * Called with s->lock held and the request counted (xt_io_begin());
+ * returns with s->lock held and the count dropped.  -EAGAIN: it waited for
+ * an overlapping allocating write, look the mapping up again.
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
+               uint64_t n, QEMUIOVector *qiov, size_t qiov_offset,
+               uint64_t *done)
+{
+    BlockDriverState *bs = s->bs;
+    uint64_t bsz = s->block_size;
+    uint64_t vsize = extree_virtual_size(s->t);
+    uint64_t start = QEMU_ALIGN_DOWN(offset, bsz);
+    uint64_t end = ROUND_UP(offset + n, bsz);
+    uint64_t host, got, head, wlen, tail, pend;
+    uint8_t *head_buf = NULL, *tail_buf = NULL, *crypt_buf = NULL;
+    BlockReq req;
+    QEMUIOVector hd_qiov;
+    int ret;
+
+    if (xt_find_alloc(s, start, end)) {
+        xt_io_end(s);
+        xt_wait_alloc(s, start, end);
+        return -EAGAIN;
+    }
+
+    xt_grow_before(s, end - start);
+    ret = extree_alloc_data(s->t, start, end - start, &host, &got);
+    if (ret < 0) {
+        xt_io_end(s);
+        return ret;
+    }
+    xt_grow_file(s, host + got);
+    pend = start + got;
+    xt_alloc_begin(s, &req, start, pend);
+    qemu_co_mutex_unlock(&s->lock);
+
+    head = offset - start;
+    wlen = MIN(offset + n, pend) - offset;
+    tail = pend - (offset + wlen);
+    trace_extree_alloc_write_start(s, start, pend, host, wlen);
+
+    qemu_iovec_init(&hd_qiov, qiov->niov + 2);
+    if (head) {
+        head_buf = qemu_blockalign(bs, head);
+        ret = xt_read_old(s, run, start, head, vsize, head_buf);
+        qemu_iovec_add(&hd_qiov, head_buf, head);
+    }
+    if (ret == 0) {
+        qemu_iovec_concat(&hd_qiov, qiov, qiov_offset, wlen);
+    }
+    if (ret == 0 && tail) {
+        tail_buf = qemu_blockalign(bs, tail);
+        ret = xt_read_old(s, run, offset + wlen, tail, vsize, tail_buf);
+        qemu_iovec_add(&hd_qiov, tail_buf, tail);
+    }
+    if (ret == 0 && s->crypto) {
+        /* the whole of the new blocks, encrypted at their guest offset */
+        crypt_buf = qemu_try_blockalign(bs->file->bs, got);
+        ret = crypt_buf ? 0 : -ENOMEM;
+        if (ret == 0) {
+            qemu_iovec_to_buf(&hd_qiov, 0, crypt_buf, got);
+            ret = xt_crypt(s, true, start, crypt_buf, got);
+        }
+        if (ret == 0) {
+            qemu_iovec_reset(&hd_qiov);
+            qemu_iovec_add(&hd_qiov, crypt_buf, got);
+        }
+    }
+    if (ret == 0) {
+        BLKDBG_CO_EVENT(bs->file, BLKDBG_WRITE_AIO);
+        ret = bdrv_co_pwritev(bs->file, host, got, &hd_qiov, 0);
+    }
+    qemu_iovec_destroy(&hd_qiov);
+    qemu_vfree(head_buf);
+    qemu_vfree(tail_buf);
+    qemu_vfree(crypt_buf);
+
+    xt_lock(s);
+    if (ret == 0) {
+        /* The data is written: now the mapping may reach a commit */
+        ret = extree_map_data(s->t, start, got, host);
+    }
+    if (ret < 0) {
+        extree_free_data(s->t, host, got);
+    }
+    xt_alloc_done(&req);
+    xt_io_end(s);
+    trace_extree_alloc_write_done(s, start, host, ret);
+    *done = wlen;
+    return ret;
+}
+
+/*
+ * Rewrite COMPRESSED extent @run uncompressed into new space (spec:
+ * Compressed extents; it is never split), with guest [@offset, @offset +
+ * @n) of it, clipped to the extent, taken from @qiov at @qiov_offset (no
+ * @qiov: as it is).  The new space may come in pieces; they are mapped in
+ * one update.  *@done is the part of the request written.
+ *
+ * Called with s->lock held and the request counted (xt_io_begin()), which
+ * keeps the payload's space from being reused; returns with s->lock held
+ * and the count dropped.  -EAGAIN: it waited for an overlapping
+ * allocating write, look the mapping up again.
+ */
+int coroutine_fn GRAPH_RDLOCK
+xt_inflate(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
+           uint64_t n, QEMUIOVector *qiov, size_t qiov_offset,
+           uint64_t *done)
+{
+    BlockDriverState *bs = s->bs;
+    uint64_t cstart = run->ext_guest, len = run->ext_length;
+    uint64_t cend = cstart + len;
+    /* at most one piece per block */
+    g_autofree uint64_t *hosts = g_new(uint64_t, len / s->block_size);
+    g_autofree uint64_t *lens = g_new(uint64_t, len / s->block_size);
+    unsigned np = 0;
+    uint64_t pos = 0, wlen;
+    BlockReq req;
+    uint8_t *buf;
+    int ret;
+
+    assert(run->type == EXTREE_RUN_COMPRESSED && !s->crypto);
+    if (xt_find_alloc(s, cstart, cend)) {
+        xt_io_end(s);
+        xt_wait_alloc(s, cstart, cend);
+        return -EAGAIN;
+    }
+    wlen = qiov ? MIN(offset + n, cend) - offset : 0;
+    xt_alloc_begin(s, &req, cstart, cend);
+    qemu_co_mutex_unlock(&s->lock);
+    trace_extree_inflate(s, cstart, cend, wlen);
+
+    buf = qemu_try_blockalign(bs->file->bs, len);
+    ret = buf ? xt_decompress_run(s, run, buf) : -ENOMEM;
+    if (ret == 0 && wlen) {
+        qemu_iovec_to_buf(qiov, qiov_offset, buf + (offset - cstart), wlen);
+    }
+
+    xt_lock(s);
+    if (ret == 0) {
+        xt_grow_before(s, len);
+    }
+    while (ret == 0 && pos < len) {
+        uint64_t got;
+
+        ret = extree_alloc_data(s->t, cstart + pos, len - pos, &hosts[np],
+                                &got);
+        if (ret == 0) {
+            lens[np] = got;
+            xt_grow_file(s, hosts[np] + got);
+            pos += got;
+            np++;
+        }
+    }
+    qemu_co_mutex_unlock(&s->lock);
+
+    for (unsigned i = 0, o = 0; ret == 0 && i < np; o += lens[i], i++) {
+        BLKDBG_CO_EVENT(bs->file, BLKDBG_WRITE_AIO);
+        ret = bdrv_co_pwrite(bs->file, hosts[i], lens[i], buf + o, 0);
+    }
+    qemu_vfree(buf);
+
+    xt_lock(s);
+    if (ret == 0) {
+        /* The data is written: now the mapping may reach a commit */
+        ret = extree_map_data_pieces(s->t, cstart, hosts, lens, np);
+    }
+    if (ret < 0) {
+        for (unsigned i = 0; i < np; i++) {
+            extree_free_data(s->t, hosts[i], lens[i]);
+        }
+    }
+    xt_alloc_done(&req);
+    xt_io_end(s);
+    *done = wlen;
+    return ret;
+}
+
+/*
+ * An update of guest ranges that start or end at @at (block-aligned)
+ * must not split a COMPRESSED extent: one that lies across @at is
+ * rewritten uncompressed first.  0 if no extent lies across @at: s->lock
+ * was held throughout and the request is still counted; 1 if it rewrote
+ * one or waited (s->lock was dropped: the caller looks at its range
+ * again), or -errno, both with the count dropped.  Called with s->lock
+ * held and the request counted (xt_io_begin()).
+ */
+static int coroutine_fn GRAPH_RDLOCK
+xt_unsplit_at(BDRVExtreeState *s, uint64_t at)
+{
+    ExtreeCursor cur;
+    ExtreeRun run;
+    uint64_t done;
+    int ret;
+
+    if (!(extree_incompat_features(s->t) & EXTREE_INCOMPAT_COMPRESSED) ||
+        at >= extree_virtual_size(s->t)) {
+        return 0;
+    }
+    extree_cursor_init(&cur, s->t);
+    ret = extree_cursor_query(&cur, at, s->block_size, EXTREE_COALESCE_HOST,
+                              &run);
+    extree_cursor_release(&cur);
+    if (ret < 0) {
+        xt_io_end(s);
+        return ret;
+    }
+    if (run.type != EXTREE_RUN_COMPRESSED || run.ext_guest == at) {
+        return 0;
+    }
+    ret = xt_inflate(s, &run, at, 0, NULL, 0, &done);
+    return ret == 0 || ret == -EAGAIN ? 1 : ret;
+}
+
+/*
+ * Wait until no allocating write overlaps guest [@start, @end) and no
+ * COMPRESSED extent lies across either end (rewritten uncompressed if
+ * one does), and count the request (xt_io_begin()): the caller then
+ * updates the range without dropping s->lock.  Called with s->lock held;
+ * may drop and retake it.
+ */
+int coroutine_fn GRAPH_RDLOCK
+xt_settle_range(BDRVExtreeState *s, uint64_t start, uint64_t end)
+{
+    for (;;) {
+        int ret;
+
+        xt_wait_alloc(s, start, end);
+        /* waits while a commit is pending, dropping the lock: look again */
+        xt_io_begin(s);
+        if (xt_find_alloc(s, start, end)) {
+            xt_io_end(s);
+            continue;
+        }
+        ret = xt_unsplit_at(s, start);
+        if (ret == 0) {
+            ret = xt_unsplit_at(s, end);
+        }
+        if (ret <= 0) {
+            return ret;
+        }
+    }
+}
+
+/* @nested: see xt_enter_nested() */
+int coroutine_fn GRAPH_RDLOCK
+xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
+           QEMUIOVector *qiov, size_t qiov_offset, bool nested)
+{
+    BDRVExtreeState *s = bs->opaque;
+    bool committed = false, in_place;
+    ExtreeCursor cur;
+    int ret = 0;
+
+    trace_extree_co_pwritev_start(s, offset, bytes);
+    ret = xt_enter_nested(s, nested);
+    if (ret < 0) {
+        return ret;
+    }
+    extree_cursor_init(&cur, s->t);
+    while (bytes > 0) {
+        ExtreeRun run;
+        uint64_t n;
+
+        xt_io_begin(s);
+        ret = extree_cursor_query(&cur, offset, bytes, EXTREE_COALESCE_HOST,
+                                  &run);
+        if (ret < 0) {
+            xt_io_end(s);
+            break;
+        }
+        n = run.length;
+        in_place = false;
+        if (run.type == EXTREE_RUN_DATA) {
+            ret = xt_write_mode(s, &run, offset, &n, &in_place);
+            if (ret < 0) {
+                xt_io_end(s);
+                break;
+            }
+        }
+        if (in_place) {
+            /*
+             * Data in place: no mapping change, but marked before the
+             * data is issued (spec: Persistent dirty bitmaps, 2): QEMU
+             * marks its bitmaps only when the request returns, after a
+             * commit inside it (an emulated FUA flush) or between its
+             * runs (a concurrent flush) may have stored them
+             */
+            extree_bitmaps_mark(s->t, offset, n);
+            qemu_co_mutex_unlock(&s->lock);
+            trace_extree_write_in_place(s, offset, n, run.host);
+            BLKDBG_CO_EVENT(bs->file, BLKDBG_WRITE_AIO);
+            if (s->crypto) {
+                ret = xt_crypt_write(s, run.host, offset, n, qiov,
+                                     qiov_offset);
+            } else {
+                ret = bdrv_co_pwritev_part(bs->file, run.host, n, qiov,
+                                           qiov_offset, 0);
+            }
+            xt_lock(s);
+            xt_io_end(s);
+        } else {
+            if (run.type == EXTREE_RUN_COMPRESSED) {
+                ret = xt_inflate(s, &run, offset, n, qiov, qiov_offset, &n);
+            } else {
+                ret = xt_alloc_write(s, &run, offset, n, qiov, qiov_offset,
+                                     &n);
+            }
+            if (ret == -EAGAIN) {
+                continue;
+            }
+            if (ret == -ENOSPC && xt_storage_grew(s)) {
+                /* thin provisioning: the device was extended meanwhile */
+                continue;
+            }
+            if (ret == -ENOSPC && !committed && extree_is_dirty(s->t)) {
+                /*
+                 * A full node of fixed size: space freed in this
+                 * transaction (a discard) is reusable once committed
+                 */
+                committed = true;
+                if (xt_commit_locked(s) == 0) {
+                    continue;
+                }
+                ret = -ENOSPC;
+            }
+        }
+        if (ret < 0) {
+            break;
+        }
+        offset += n;
+        bytes -= n;
+        qiov_offset += n;
+    }
+    extree_cursor_release(&cur);
+    xt_update_done(s);
+    xt_leave(s);
+    trace_extree_co_pwritev_done(s, offset, ret);
+    return ret < 0 ? ret : 0;
+}
+
+int coroutine_fn GRAPH_RDLOCK
+extree_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                       QEMUIOVector *qiov, size_t qiov_offset,
+                       BdrvRequestFlags flags)
+{
+    return xt_pwritev(bs, offset, bytes, qiov, qiov_offset, false);
+}
+
+/* ---- Flush ---- */
+
+int coroutine_fn GRAPH_RDLOCK extree_co_flush_to_os(BlockDriverState *bs)
+{
+    BDRVExtreeState *s = bs->opaque;
+    int ret;
+
+    if (s->inactive) {
+        return 0;
+    }
+    ret = xt_enter(s);
+    if (ret == 0) {
+        ret = xt_commit_locked(s);
+        if (ret == 0 && extree_changes_lost(s->t)) {
+            /*
+             * A rollback (out of space, xt_commit_locked()) dropped
+             * writes that may have been acknowledged: no flush succeeds
+             * until the image is opened again, as with a failed fsync
+             */
+            ret = -EIO;
+        }
+        xt_leave(s);
+    }
+    return ret;
+}
