@@ -74,6 +74,11 @@ typedef struct CheckCtx {
     ExtreeItem last;            /* previous leaf item of the tree walked */
     bool has_last;
     /*
+     * Walking the live extent tree (its nodes shared with snapshots come
+     * first through it): what counts toward the live image's figures
+     */
+    bool in_live;
+    /*
      * of res->corruptions: in the extent tree (or its accounting), in the
      * free-space tree (or its accounting, or free space claimed twice)
      */
@@ -372,7 +377,10 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
                 } else if (it.type == EXTREE_ITEM_COMPRESSED) {
                     /* the payload's blocks, once per item (never split) */
                     c->res->data_bytes += it.length;
-                    c->res->compressed_bytes += it.length;
+                    if (c->in_live) {
+                        /* of the live image, as allocated_clusters is */
+                        c->res->compressed_bytes += it.length;
+                    }
                     claim_payload(c, it.host,
                                   extree_item_host_bytes(&it, t->block_size),
                                   it.key);
@@ -853,7 +861,9 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
         }
         extree_tree_expect(t, tree, &e);
         c.has_last = false;
+        c.in_live = owner == EXTREE_TREE_EXTENT;
         walk(&c, tree->owner, tree->root, &e, &items, &bytes);
+        c.in_live = false;
         if (owner == EXTREE_TREE_EXTENT) {
             res->extents = items;
         }

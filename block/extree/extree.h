@@ -732,7 +732,7 @@ typedef struct ExtreeCheckResult {
     uint64_t leaked_ref_bytes;
     uint64_t nodes, extents, free_items;
     uint64_t data_bytes, metadata_bytes, free_bytes;
-    uint64_t compressed_bytes;  /* guest bytes of them in compressed extents */
+    uint64_t compressed_bytes;  /* of the live image, in compressed extents */
     uint64_t unmerged;          /* adjacent mergeable items: not an error */
     /* of @corruptions: fixed by rebuilding the free-space tree */
     uint64_t repaired_corruptions;
