@@ -268,7 +268,7 @@ xt_zero_blocks(BDRVExtreeState *s, uint64_t start, uint64_t end,
             break;
         }
         ret = extree_in_place(s->t, &run, start, ROUND_UP(run.length, bsz),
-                          &in_place);
+                              &in_place);
         if (ret < 0) {
             xt_io_end(s);
             break;
@@ -519,8 +519,8 @@ extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
                                       &run);
             extree_cursor_release(&cur);
             if (ret == 0) {
-                ret = extree_in_place(s->t, &run, QEMU_ALIGN_DOWN(old, bsz), bsz,
-                                  &in_place);
+                ret = extree_in_place(s->t, &run, QEMU_ALIGN_DOWN(old, bsz),
+                                      bsz, &in_place);
             }
             if (ret == 0 && in_place && !s->crypto) {
                 ret = bdrv_co_pwrite_zeroes(bs->file, run.host, len, 0);
