@@ -112,7 +112,7 @@ def startup(args, rows):
         ratio = statistics.median(t["build/qemu extree"]) / \
             statistics.median(t["debian qcow2"])
         log(f"startup: qemu-img info extree / Debian's on qcow2 {ratio:.2f}")
-        rows[-3]["note"] += f"; {ratio:.2f}x Debian's qemu-img info"
+        rows[-3]["note"] = f"{ratio:.2f}x Debian's qemu-img info"
     for f in (small + ".extree", small + ".qcow2"):
         os.unlink(f)
 
