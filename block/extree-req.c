@@ -251,7 +251,7 @@ xt_commit_now(BDRVExtreeState *s)
 int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s)
 {
     bool bitmaps;
-    int ret = 0;
+    int ret = 0, rollback;
 
     if (s->core_read_only) {
         return 0;
@@ -279,26 +279,20 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s)
     }
     /* the free-space tree's nodes are allocated now */
     xt_grow_before_nodes(s, 0);
-    ret = extree_commit(s->t);
-    if (ret < 0 && extree_is_broken(s->t) && extree_can_roll_back(s->t)) {
-        /*
-         * Out of space half-way through an update or this commit: an
-         * estimate fell short, or storage of fixed size ended before the
-         * grow-ahead found out.  No request holds a range of the
-         * transaction (the gate is closed), so drop it and go on from the
-         * last commit, as a reopen would, instead of failing every later
-         * request.  The failed commit reports the loss.
-         */
+    /* no request holds a range of the transaction: the gate is closed */
+    ret = extree_commit_or_roll_back(s->t, &rollback);
+    if (rollback) {
         error_report("extree: %s: no space left for metadata; changes "
-                     "since the last commit are lost",
-                     bdrv_get_device_or_node_name(s->bs));
-        if (extree_rollback(s->t) == 0) {
-            s->file_len = -1;
-            qatomic_set(&s->virtual_size, extree_virtual_size(s->t));
-            extree_cursor_release(&s->status_cursor);
-            extree_cursor_init(&s->status_cursor, s->t);
-        }
-        ret = -ENOSPC;
+                     "since the last commit are lost%s",
+                     bdrv_get_device_or_node_name(s->bs),
+                     rollback < 0 ? ", and the image must be opened again" :
+                     "");
+    }
+    if (rollback > 0) {
+        s->file_len = -1;
+        qatomic_set(&s->virtual_size, extree_virtual_size(s->t));
+        extree_cursor_release(&s->status_cursor);
+        extree_cursor_init(&s->status_cursor, s->t);
     }
 out:
     if (--s->commit_waiting == 0) {

@@ -122,7 +122,7 @@ static void xp_io_end(void)
  */
 int xp_commit_locked(void)
 {
-    int ret;
+    int ret, rollback;
 
     if (xp.core_read_only || !extree_is_dirty(xp.t)) {
         return 0;
@@ -131,24 +131,12 @@ int xp_commit_locked(void)
     while (xp.inflight > 0) {
         pthread_cond_wait(&xp.cond, &xp.lock);
     }
-    ret = extree_commit(xp.t);
-    if (ret < 0 && extree_is_broken(xp.t) && extree_can_roll_back(xp.t)) {
-        /*
-         * Out of space half-way through an update or this commit (an
-         * estimate fell short): no request holds a range of the
-         * transaction, so drop it and go on from the last commit, as a
-         * reopen would, instead of failing every later request
-         */
+    /* no request holds a range of the transaction (none in flight) */
+    ret = extree_commit_or_roll_back(xp.t, &rollback);
+    if (rollback) {
         nbdkit_error("no space left for metadata; changes since the last "
-                     "commit are lost");
-        if (extree_rollback(xp.t) < 0) {
-            /* as the driver: the handle stays broken, updates fail */
-            nbdkit_error("could not go back to the last commit: %s; the "
-                         "image must be opened again",
-                         extree_last_error(xp.t) ? extree_last_error(xp.t) :
-                         "read error");
-        }
-        ret = -ENOSPC;
+                     "commit are lost%s", rollback < 0 ?
+                     ", and the image must be opened again" : "");
     }
     xp.commit_waiting--;
     pthread_cond_broadcast(&xp.cond);

@@ -567,6 +567,26 @@ bool extree_changes_lost(const Extree *t)
     return t->changes_lost;
 }
 
+int extree_commit_or_roll_back(Extree *t, int *rollback)
+{
+    int ret = extree_commit(t);
+
+    *rollback = 0;
+    if (ret < 0 && extree_is_broken(t) && extree_can_roll_back(t)) {
+        /*
+         * Out of space half-way through an update or this commit: an
+         * estimate fell short, or storage of fixed size ended before the
+         * caller's growing found out.  Go on from the last commit, as a
+         * reopen would, instead of failing every later update.
+         */
+        int r = extree_rollback(t);
+
+        *rollback = r < 0 ? r : 1;
+        ret = -ENOSPC;
+    }
+    return ret;
+}
+
 bool extree_is_broken(const Extree *t)
 {
     return t->broken;

@@ -219,6 +219,16 @@ bool extree_is_broken(const Extree *t);
  * saying those writes are durable.  O(1).
  */
 bool extree_changes_lost(const Extree *t);
+/*
+ * Commit, as the driver and the plugin do it: if the commit (or an update
+ * before it) ran out of space and broke the handle, the running
+ * transaction is dropped (extree_rollback(); the loss is sticky, see
+ * extree_changes_lost()) and -ENOSPC returned.  *@rollback: 0 if none was
+ * needed, 1 if the handle is at its last commit again (the caller's
+ * lookups are stale), or the rollback's error (the handle stays broken:
+ * reopen).  The caller must hold no host range of the transaction.
+ */
+int extree_commit_or_roll_back(Extree *t, int *rollback);
 
 /*
  * May the handle drop its running transaction (extree_rollback())?  A
