@@ -22,6 +22,8 @@ LAYERS = [
     'extree-node',
     'extree-rangeset',
     ('extree-alloc', 'extree-btree'),
+    'extree-btree-edit',
+    'extree-btree-drop',
     'extree-reftree',
     'extree-freetree',
     'extree-spacemap',

@@ -1,5 +1,6 @@
 /*
- * extree core: copy-on-write B+tree of range items
+ * extree core: copy-on-write B+tree of range items: the spine (search,
+ * copy-on-write of a path) and the read side (walks, probes)
  *
  * Items are ranges [key, key + length) with a host offset and a type; the
  * extent, free-space and reference count trees are all such trees.  The
@@ -25,12 +26,15 @@
  *     shared, one reference fewer).
  * Every change bumps t->seq so that cursors notice.
  *
- * Copyright (c) 2026 The extree authors
- *
- * SPDX-License-Identifier: GPL-2.0-or-later
+ * The tree's files: this one (search, spine, walks, probes),
+ * extree-btree-edit.c (structural changes and item operations) and
+ * extree-btree-drop.c (whole trees), as dm persistent-data's dm-btree.c,
+ * dm-btree-remove.c and dm-btree-spine.c.  What the items mean comes from
+ * each tree's value type (ExtreeValueType).
  */
 
 #include "extree-int.h"
+#include "extree-btree-int.h"
 
 void extree_path_release(Extree *t, ExtreePath *p)
 {
@@ -56,7 +60,7 @@ void extree_tree_expect(Extree *t, ExtreeTree *tree, ExtreeNodeExpect *e)
 }
 
 /* Exclusive key bound of the node at @level of the path */
-static uint64_t path_node_end(ExtreeTree *tree, ExtreePath *p, int level)
+uint64_t extree_bt_node_end(ExtreeTree *tree, ExtreePath *p, int level)
 {
     for (level++; level <= (int)tree->level; level++) {
         ExtreeNode *parent = p->nodes[level];
@@ -69,8 +73,9 @@ static uint64_t path_node_end(ExtreeTree *tree, ExtreePath *p, int level)
 }
 
 /* What child @slot of @parent (whose own key bound is @parent_end) must be */
-static void child_expect(ExtreeTree *tree, const ExtreeNode *parent, int slot,
-                         uint64_t parent_end, ExtreeNodeExpect *e)
+void extree_bt_child_expect(ExtreeTree *tree, const ExtreeNode *parent,
+                            int slot, uint64_t parent_end,
+                            ExtreeNodeExpect *e)
 {
     ExtreeKeyPtr kp;
 
@@ -88,12 +93,12 @@ static void child_expect(ExtreeTree *tree, const ExtreeNode *parent, int slot,
 }
 
 /* Pinned child @slot of @parent (whose own key bound is @parent_end) */
-static int get_child(Extree *t, ExtreeTree *tree, ExtreeNode *parent,
-                     int slot, uint64_t parent_end, ExtreeNode **out)
+int extree_bt_child(Extree *t, ExtreeTree *tree, ExtreeNode *parent,
+                    int slot, uint64_t parent_end, ExtreeNode **out)
 {
     ExtreeNodeExpect e;
 
-    child_expect(tree, parent, slot, parent_end, &e);
+    extree_bt_child_expect(tree, parent, slot, parent_end, &e);
     return extree_node_get(t, ptr_get_child(parent, slot), &e, out);
 }
 
@@ -212,7 +217,7 @@ static int share_children(Extree *t, ExtreeTree *tree, const ExtreeNode *n)
  * with the contents; shared, the contents gain a reference each and @n
  * loses one (spec: Sharing, 1).
  */
-static int release_node(Extree *t, ExtreeTree *tree, ExtreeNode *n)
+int extree_bt_release(Extree *t, ExtreeTree *tree, ExtreeNode *n)
 {
     bool shared;
     int ret = node_shared(t, tree, n, &shared);
@@ -235,7 +240,7 @@ static int release_node(Extree *t, ExtreeTree *tree, ExtreeNode *n)
  * it to a newly allocated location, point the parent (already writable,
  * we go top-down) or the root at the copy, release the old location.
  */
-static int cow_node(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
+int extree_bt_cow(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
 {
     ExtreeNode *n = p->nodes[level], *c;
     uint64_t bytenr;
@@ -264,7 +269,7 @@ static int cow_node(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
         ext_st64(ip + EXT_KP_CHILD, bytenr);
         ext_st64(ip + EXT_KP_GEN, t->trans_gen);
     }
-    ret = release_node(t, tree, n);
+    ret = extree_bt_release(t, tree, n);
     extree_node_unref(t, n);
     p->nodes[level] = c;
     t->stats.cows++;
@@ -318,8 +323,9 @@ static ExtreeNode *pcache_get(Extree *t, ExtreeTree *tree, uint64_t bytenr,
  * (same leaf as the last one) is a path hit, not a descent, unless
  * @count_descent.  O(depth log cap).
  */
-static int bt_search(Extree *t, ExtreeTree *tree, uint64_t dkey, uint64_t key,
-                     ExtreePath *p, bool cow, bool count_descent)
+int extree_bt_search(Extree *t, ExtreeTree *tree, uint64_t dkey,
+                     uint64_t key, ExtreePath *p, bool cow,
+                     bool count_descent)
 {
     ExtreeNodeExpect e;
     ExtreeNode *n;
@@ -343,7 +349,7 @@ static int bt_search(Extree *t, ExtreeTree *tree, uint64_t dkey, uint64_t key,
 
         p->nodes[level] = n;
         if (cow) {
-            ret = cow_node(t, tree, p, level);
+            ret = extree_bt_cow(t, tree, p, level);
             if (ret < 0) {
                 goto fail;
             }
@@ -355,7 +361,7 @@ static int bt_search(Extree *t, ExtreeTree *tree, uint64_t dkey, uint64_t key,
         }
         slot = ptr_slot(n, dkey);
         p->slots[level] = slot;
-        child_expect(tree, n, slot, end, &e);
+        extree_bt_child_expect(tree, n, slot, end, &e);
         n = pcache_get(t, tree, ptr_get_child(n, slot), &e);
         if (!n) {
             lookup = true;
@@ -389,7 +395,7 @@ fail:
 static void readahead_leaves(Extree *t, ExtreeTree *tree, ExtreePath *p)
 {
     ExtreeNode *parent = p->nodes[1];
-    uint64_t parent_end = path_node_end(tree, p, 1);
+    uint64_t parent_end = extree_bt_node_end(tree, p, 1);
     int slot = p->slots[1];
     int nr = node_nritems(parent);
     int want = p->readahead ? p->readahead : EXTREE_READAHEAD_FIRST;
@@ -411,7 +417,7 @@ static void readahead_leaves(Extree *t, ExtreeTree *tree, ExtreePath *p)
     bytenr = g_new(uint64_t, want);
     for (; n < want; slot++, n++) {
         bytenr[n] = ptr_get_child(parent, slot);
-        child_expect(tree, parent, slot, parent_end, &e[n]);
+        extree_bt_child_expect(tree, parent, slot, parent_end, &e[n]);
     }
     extree_node_readahead(t, n, bytenr, e);
     g_free(e);
@@ -449,7 +455,7 @@ static int next_leaf_skip(Extree *t, ExtreeTree *tree, ExtreePath *p,
             ExtreeNode *parent = p->nodes[level], *c;
             int nr = node_nritems(parent), s = p->slots[level], ret;
             uint64_t bound = s + 1 < nr ? ptr_key(parent, s + 1)
-                                        : path_node_end(tree, p, level);
+                                        : extree_bt_node_end(tree, p, level);
             ExtreeKeyPtr kp;
 
             ptr_get(parent, s, &kp);
@@ -473,8 +479,8 @@ static int next_leaf_skip(Extree *t, ExtreeTree *tree, ExtreePath *p,
                     readahead_leaves(t, tree, p);
                 }
             }
-            ret = get_child(t, tree, parent, s, path_node_end(tree, p, level),
-                            &c);
+            ret = extree_bt_child(t, tree, parent, s,
+                                  extree_bt_node_end(tree, p, level), &c);
             t->walk_miss = false;
             if (ret < 0) {
                 return ret;
@@ -527,7 +533,7 @@ static int leaves_with_bytes(Extree *t, ExtreeTree *tree, ExtreeNode *n,
         if (ptr_bytes(n, i) < min_bytes || kend <= lo || ptr_key(n, i) >= hi) {
             continue;
         }
-        ret = get_child(t, tree, n, i, end, &c);
+        ret = extree_bt_child(t, tree, n, i, end, &c);
         if (ret == 0) {
             ret = leaves_with_bytes(t, tree, c, kend, min_bytes, lo, hi, fn,
                                     opaque);
@@ -585,7 +591,7 @@ static int read_all(Extree *t, ExtreeTree *tree, ExtreeNode *n,
          * expects of it (owner, level, generation, keys), only its
          * subtree is not walked again
          */
-        ret = get_child(t, tree, n, i, end, &c);
+        ret = extree_bt_child(t, tree, n, i, end, &c);
         if (ret < 0) {
             return ret;
         }
@@ -636,7 +642,7 @@ int extree_bt_read_all(Extree *t, ExtreeTree *tree, GHashTable *seen)
  */
 int extree_bt_seek(Extree *t, ExtreeTree *tree, uint64_t key, ExtreePath *p)
 {
-    return bt_search(t, tree, key, key, p, false, true);
+    return extree_bt_search(t, tree, key, key, p, false, true);
 }
 
 /*
@@ -651,7 +657,7 @@ int extree_bt_leaf_end(Extree *t, ExtreeTree *tree, uint64_t key,
     int ret = extree_bt_seek(t, tree, key, &p);
 
     if (ret == 0) {
-        *end = path_node_end(tree, &p, 0);
+        *end = extree_bt_node_end(tree, &p, 0);
     }
     extree_path_release(t, &p);
     return ret;
@@ -661,7 +667,7 @@ int extree_bt_leaf_end(Extree *t, ExtreeTree *tree, uint64_t key,
 int extree_bt_first(Extree *t, ExtreeTree *tree, uint64_t key,
                     ExtreePath *p, ExtreeItem *it)
 {
-    int ret = bt_search(t, tree, key, key, p, false, true);
+    int ret = extree_bt_search(t, tree, key, key, p, false, true);
 
     if (ret < 0) {
         return ret;
@@ -714,7 +720,7 @@ int extree_bt_find(Extree *t, ExtreeTree *tree, uint64_t key,
         return 0;
     }
     *has_prev = *has_next = false;
-    ret = bt_search(t, tree, key ? key - 1 : 0, key, &p, false, false);
+    ret = extree_bt_search(t, tree, key ? key - 1 : 0, key, &p, false, false);
     if (ret < 0) {
         return ret;
     }
@@ -745,552 +751,6 @@ int extree_bt_find(Extree *t, ExtreeTree *tree, uint64_t key,
     fc->has_next = *has_next;
     return 0;
 }
-
-/* ---- structural changes; the path is stale afterwards ---- */
-
-static int item_size(int level)
-{
-    return level ? EXT_PTR_ISZ : EXT_LEAF_ISZ;
-}
-
-static void raw_insert(ExtreeNode *n, int slot, const uint8_t *item, int isz)
-{
-    int nr = node_nritems(n);
-    memmove(node_item(n, slot + 1, isz), node_item(n, slot, isz),
-            (size_t)(nr - slot) * isz);
-    memcpy(node_item(n, slot, isz), item, isz);
-    node_set_nritems(n, nr + 1);
-}
-
-/*
- * Remove @count items from @slot; unused space stays zero so that node
- * images (and checksums) are deterministic
- */
-static void raw_delete(ExtreeNode *n, int slot, int count, int isz)
-{
-    int nr = node_nritems(n);
-    memmove(node_item(n, slot, isz), node_item(n, slot + count, isz),
-            (size_t)(nr - slot - count) * isz);
-    memset(node_item(n, nr - count, isz), 0, (size_t)count * isz);
-    node_set_nritems(n, nr - count);
-}
-
-/* The first key of the node at @level became @key: fix the ancestors */
-static void fixup_keys(ExtreeTree *tree, ExtreePath *p, int level,
-                       uint64_t key)
-{
-    for (int l = level + 1; l <= (int)tree->level; l++) {
-        ext_st64(node_item(p->nodes[l], p->slots[l], EXT_PTR_ISZ), key);
-        if (p->slots[l] != 0) {
-            break;
-        }
-    }
-}
-
-/* A new root above the current one (the path's top node) */
-static int grow_root(Extree *t, ExtreeTree *tree, ExtreePath *p)
-{
-    int level = tree->level;
-    ExtreeNode *old = p->nodes[level], *root;
-    ExtreeKeyPtr kp;
-    uint64_t bytenr;
-    int ret;
-
-    if (level + 1 >= EXTREE_MAX_LEVELS) {
-        return -EFBIG;
-    }
-    ret = t->sm.ops->new_node(t->sm.opaque, &bytenr);
-    if (ret < 0) {
-        return ret;
-    }
-    ret = extree_node_new(t, bytenr, tree->owner, level + 1, &root);
-    if (ret < 0) {
-        return ret;
-    }
-    kp.key = node_key(old, 0);
-    kp.child = old->bytenr;
-    kp.child_gen = node_gen(old);
-    kp.bytes = extree_node_subtree_bytes(old);
-    ptr_set(root, 0, &kp);
-    node_set_nritems(root, 1);
-    tree->root = bytenr;
-    tree->root_gen = t->trans_gen;
-    tree->level = level + 1;
-    p->nodes[level + 1] = root;
-    p->slots[level + 1] = 0;
-    return 0;
-}
-
-/*
- * Insert raw @item at (@level, @slot) of a writable path, splitting full
- * nodes bottom-up.  A split at the right end (appending) keeps the left node
- * full and starts the right one with the new item only; at the left end it
- * keeps all old items together: sequential insertion fills nodes ~100%.
- */
-static int insert_at(Extree *t, ExtreeTree *tree, ExtreePath *p, int level,
-                     int slot, const uint8_t *item)
-{
-    ExtreeNode *n = p->nodes[level], *right, *dst;
-    int isz = item_size(level);
-    int cap = level ? t->ptr_cap : t->leaf_cap;
-    int nr = node_nritems(n);
-    int mid, dslot, ret;
-    uint8_t raw[EXT_PTR_ISZ];
-    ExtreeKeyPtr kp;
-    uint64_t bytenr;
-
-    t->seq++;
-    if (nr < cap) {
-        raw_insert(n, slot, item, isz);
-        if (slot == 0) {
-            fixup_keys(tree, p, level, ext_ld64(item));
-        }
-        return 0;
-    }
-    if (level == (int)tree->level) {
-        ret = grow_root(t, tree, p);
-        if (ret < 0) {
-            return ret;
-        }
-    }
-    mid = slot == nr ? nr : slot == 0 ? 0 : nr / 2;
-    ret = t->sm.ops->new_node(t->sm.opaque, &bytenr);
-    if (ret < 0) {
-        return ret;
-    }
-    ret = extree_node_new(t, bytenr, tree->owner, level, &right);
-    if (ret < 0) {
-        return ret;
-    }
-    memcpy(node_item(right, 0, isz), node_item(n, mid, isz),
-           (size_t)(nr - mid) * isz);
-    memset(node_item(n, mid, isz), 0, (size_t)(nr - mid) * isz);
-    node_set_nritems(right, nr - mid);
-    node_set_nritems(n, mid);
-    if (slot < mid || mid == 0) {
-        dst = n;
-        dslot = slot;
-    } else {
-        dst = right;
-        dslot = slot - mid;
-    }
-    raw_insert(dst, dslot, item, isz);
-    if (dst == n && dslot == 0) {
-        fixup_keys(tree, p, level, ext_ld64(item));
-    }
-    kp.key = node_key(right, 0);
-    kp.child = right->bytenr;
-    kp.child_gen = t->trans_gen;
-    /* both halves are dirty: the commit sets their child_bytes again */
-    kp.bytes = extree_node_subtree_bytes(right);
-    extree_node_unref(t, right);
-    ext_st64(raw, kp.key);
-    ext_st64(raw + EXT_KP_CHILD, kp.child);
-    ext_st64(raw + EXT_KP_GEN, kp.child_gen);
-    ext_st64(raw + EXT_KP_BYTES, kp.bytes);
-    return insert_at(t, tree, p, level + 1, p->slots[level + 1] + 1, raw);
-}
-
-/* Unlink a node from the tree: its location is freed */
-static int free_node(Extree *t, ExtreeNode *n)
-{
-    int ret = t->sm.ops->dec_ref(t->sm.opaque, n->bytenr, t->node_size,
-                                 true);
-    extree_node_drop(t, n);
-    return ret;
-}
-
-/*
- * The root is interior with one child: the child becomes the root.  Only
- * the first root is this transaction's; below it the root may come to an
- * uncopied node that a snapshot shares, and when that one has a single
- * child too, it is released like a copied node: its child gains the
- * reference the root descriptor now holds.
- */
-static int collapse_root(Extree *t, ExtreeTree *tree)
-{
-    while (tree->level > 0) {
-        ExtreeNodeExpect e;
-        ExtreeNode *root;
-        ExtreeKeyPtr kp;
-        int ret;
-
-        extree_tree_expect(t, tree, &e);
-        ret = extree_node_get(t, tree->root, &e, &root);
-        if (ret < 0) {
-            return ret;
-        }
-        if (node_nritems(root) != 1) {
-            extree_node_unref(t, root);
-            return 0;
-        }
-        ptr_get(root, 0, &kp);
-        tree->root = kp.child;
-        tree->root_gen = kp.child_gen;
-        tree->level--;
-        ret = release_node(t, tree, root);
-        extree_node_unref(t, root);
-        if (ret < 0) {
-            return ret;
-        }
-    }
-    return 0;
-}
-
-static int delete_at(Extree *t, ExtreeTree *tree, ExtreePath *p, int level,
-                     int slot, int count);
-
-/*
- * The node at @level is under a quarter full: merge it with a sibling
- * under the same parent when both fit in 3/4 of a node (hysteresis against
- * split/merge ping-pong).
- */
-static int try_merge(Extree *t, ExtreeTree *tree, ExtreePath *p, int level)
-{
-    ExtreeNode *n = p->nodes[level], *parent = p->nodes[level + 1], *sib;
-    int ps = p->slots[level + 1], pn = node_nritems(parent);
-    int isz = item_size(level), cap = level ? t->ptr_cap : t->leaf_cap;
-    int nr = node_nritems(n), snr, ret;
-
-    if (ps + 1 < pn) {
-        /*
-         * right sibling folds into n; it need not be copied, it goes (if
-         * shared, its contents gain the references n now holds)
-         */
-        ret = get_child(t, tree, parent, ps + 1,
-                        path_node_end(tree, p, level + 1), &sib);
-        if (ret < 0) {
-            return ret;
-        }
-        snr = node_nritems(sib);
-        if (nr + snr <= cap * 3 / 4) {
-            memcpy(node_item(n, nr, isz), node_item(sib, 0, isz),
-                   (size_t)snr * isz);
-            node_set_nritems(n, nr + snr);
-            ret = release_node(t, tree, sib);
-            extree_node_unref(t, sib);
-            if (ret < 0) {
-                return ret;
-            }
-            return delete_at(t, tree, p, level + 1, ps + 1, 1);
-        }
-        extree_node_unref(t, sib);
-    }
-    if (ps > 0) {
-        /* n folds into its left sibling, which must be made writable */
-        ExtreePath sp = { { 0 } };
-        ret = get_child(t, tree, parent, ps - 1, ptr_key(parent, ps), &sib);
-        if (ret < 0) {
-            return ret;
-        }
-        snr = node_nritems(sib);
-        if (nr + snr > cap * 3 / 4) {
-            extree_node_unref(t, sib);
-            return 0;
-        }
-        /* a one-level path to CoW the sibling under the same parent */
-        sp.nodes[level] = sib;
-        sp.nodes[level + 1] = parent;
-        sp.slots[level + 1] = ps - 1;
-        extree_node_ref(parent);
-        ret = cow_node(t, tree, &sp, level);
-        if (ret == 0) {
-            sib = sp.nodes[level];
-            memcpy(node_item(sib, snr, isz), node_item(n, 0, isz),
-                   (size_t)nr * isz);
-            node_set_nritems(sib, nr + snr);
-            ret = free_node(t, n);
-        }
-        extree_path_release(t, &sp);
-        if (ret < 0) {
-            return ret;
-        }
-        return delete_at(t, tree, p, level + 1, ps, 1);
-    }
-    return 0;
-}
-
-/*
- * Remove @count items at (@level, @slot) of a writable path; free empty
- * nodes, merge underfull ones, collapse a single-child root
- */
-static int delete_at(Extree *t, ExtreeTree *tree, ExtreePath *p, int level,
-                     int slot, int count)
-{
-    ExtreeNode *n = p->nodes[level];
-    int cap = level ? t->ptr_cap : t->leaf_cap;
-    int nr;
-    int ret;
-
-    t->seq++;
-    raw_delete(n, slot, count, item_size(level));
-    nr = node_nritems(n);
-    if (level == (int)tree->level) {
-        return level > 0 && nr == 1 ? collapse_root(t, tree) : 0;
-    }
-    if (nr == 0) {
-        ret = free_node(t, n);
-        if (ret < 0) {
-            return ret;
-        }
-        return delete_at(t, tree, p, level + 1, p->slots[level + 1], 1);
-    }
-    if (slot == 0) {
-        fixup_keys(tree, p, level, node_key(n, 0));
-    }
-    if (nr < cap / 4) {
-        return try_merge(t, tree, p, level);
-    }
-    return 0;
-}
-
-/* ---- item operations: one CoW descent each ---- */
-
-static void encode_item(uint8_t *raw, const ExtreeItem *it)
-{
-    ext_st64(raw, it->key);
-    ext_st64(raw + EXT_IT_LEN, it->length);
-    ext_st64(raw + EXT_IT_HOST, it->host);
-    ext_st32(raw + EXT_IT_TYPE, it->type);
-    ext_st32(raw + EXT_IT_FLAGS, it->flags);
-}
-
-/* Write path to the item with key @key exactly */
-static int search_exact(Extree *t, ExtreeTree *tree, uint64_t key,
-                        ExtreePath *p)
-{
-    int ret = bt_search(t, tree, key, key, p, true, false);
-
-    if (ret < 0) {
-        return ret;
-    }
-    if (p->slots[0] >= (int)node_nritems(p->nodes[0]) ||
-        leaf_key(p->nodes[0], p->slots[0]) != key) {
-        extree_path_release(t, p);
-        return extree_corrupt(t, 0, "corrupt %s: item 0x%" PRIx64
-                              " vanished", extree_tree_name(tree->owner),
-                              key);
-    }
-    return 0;
-}
-
-static int bt_insert_item(Extree *t, ExtreeTree *tree, const ExtreeItem *it)
-{
-    ExtreePath p = { { 0 } };
-    uint8_t raw[EXT_LEAF_ISZ];
-    int ret = bt_search(t, tree, it->key, it->key, &p, true, false);
-
-    if (ret == 0) {
-        encode_item(raw, it);
-        ret = insert_at(t, tree, &p, 0, p.slots[0], raw);
-    }
-    extree_path_release(t, &p);
-    if (ret == 0) {
-        tree->nitems++;
-        tree->total += it->length;
-    }
-    return ret;
-}
-
-/* Replace the item with key @key by @it, which sorts at the same place */
-static int bt_update_item(Extree *t, ExtreeTree *tree, uint64_t key,
-                          const ExtreeItem *it)
-{
-    ExtreePath p = { { 0 } };
-    int ret = search_exact(t, tree, key, &p);
-
-    if (ret < 0) {
-        return ret;
-    }
-    tree->total += it->length - leaf_len(p.nodes[0], p.slots[0]);
-    leaf_set(p.nodes[0], p.slots[0], it);
-    if (p.slots[0] == 0 && it->key != key) {
-        fixup_keys(tree, &p, 0, it->key);
-    }
-    t->seq++;
-    extree_path_release(t, &p);
-    return 0;
-}
-
-/* Tell the caller that @old's part [from, to) left the tree */
-static int report_removed(ExtreeRemovedFn *removed, void *opaque,
-                          const ExtreeItem *old, uint64_t from, uint64_t to)
-{
-    ExtreeItem piece = *old;
-
-    if (!removed) {
-        return 0;
-    }
-    piece.key = from;
-    piece.length = to - from;
-    piece.host = extree_item_host_at(old, from);
-    return removed(opaque, &piece);
-}
-
-/*
- * Insert @it into a hole, merged with mergeable neighbours.  @known: the
- * caller's *@prev / *@next (items before and from it->key) are current.
- */
-static int insert_merged(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
-                         bool known, ExtreeItem prev, bool hp,
-                         ExtreeItem next, bool hn)
-{
-    ExtreeItem m;
-    bool ml, mr;
-    int ret = 0;
-
-    if (!known) {
-        ret = extree_bt_find(t, tree, it->key, &prev, &hp, &next, &hn);
-        if (ret < 0) {
-            return ret;
-        }
-    }
-    ml = hp && extree_items_mergeable(&prev, it);
-    mr = hn && extree_items_mergeable(it, &next);
-    if (ml && mr) {
-        ExtreePath p = { { 0 } };
-        ret = search_exact(t, tree, next.key, &p);
-        if (ret == 0) {
-            ret = delete_at(t, tree, &p, 0, p.slots[0], 1);
-        }
-        extree_path_release(t, &p);
-        if (ret < 0) {
-            return ret;
-        }
-        tree->nitems--;
-        tree->total -= next.length;
-        m = prev;
-        m.length += it->length + next.length;
-        return bt_update_item(t, tree, prev.key, &m);
-    } else if (ml) {
-        m = prev;
-        m.length += it->length;
-        return bt_update_item(t, tree, prev.key, &m);
-    } else if (mr) {
-        m = *it;
-        m.length += next.length;
-        return bt_update_item(t, tree, next.key, &m);
-    }
-    return bt_insert_item(t, tree, it);
-}
-
-/*
- * Make [start, start + len) of @tree hold @it (one item, merged with
- * mergeable neighbours) or, if it->type is 0, nothing.  Items overlapping
- * the range are trimmed, split or deleted; DATA space they no longer
- * reference is freed.  O(log n + items removed); a handful of descents.
- */
-int extree_bt_replace(Extree *t, ExtreeTree *tree, const ExtreeItem *it,
-                      uint64_t start, uint64_t len,
-                      ExtreeRemovedFn *removed, void *opaque)
-{
-    uint64_t end = start + len;
-    ExtreeItem prev, next, none = { 0 };
-    bool hp, hn, changed = false;
-    int ret;
-
-    if (!it->type) {
-        it = &none;
-    }
-    ret = extree_bt_find(t, tree, start, &prev, &hp, &next, &hn);
-    if (ret < 0) {
-        return ret;
-    }
-    /*
-     * An item starting before the range reaches into it: keep its head
-     * (and its tail beyond the range)
-     */
-    if (hp && prev.key + prev.length > start) {
-        uint64_t pend = prev.key + prev.length;
-        ExtreeItem head = prev;
-
-        changed = true;
-        head.length = start - prev.key;
-        /*
-         * The update first: it copies a shared leaf, which gives the
-         * item's space the copy's reference before the piece drops it
-         */
-        ret = bt_update_item(t, tree, prev.key, &head);
-        if (ret == 0) {
-            ret = report_removed(removed, opaque, &prev, start,
-                                 MIN(pend, end));
-        }
-        if (ret == 0 && pend > end) {
-            ExtreeItem tail = prev;
-            tail.key = end;
-            tail.length = pend - end;
-            tail.host = extree_item_host_at(&prev, end);
-            ret = bt_insert_item(t, tree, &tail);
-        }
-        if (ret < 0) {
-            return ret;
-        }
-    }
-    /*
-     * Items starting inside the range: delete them, a leaf's worth per
-     * descent, or cut the front of the last one
-     */
-    while (hn && next.key < end) {
-        ExtreePath p = { { 0 } };
-
-        changed = true;
-        if (next.key + next.length > end) {
-            ExtreeItem cut = next;
-            cut.key = end;
-            cut.length = next.key + next.length - end;
-            cut.host = extree_item_host_at(&next, end);
-            ret = bt_update_item(t, tree, next.key, &cut);
-            if (ret == 0) {
-                ret = report_removed(removed, opaque, &next, next.key, end);
-            }
-            if (ret < 0) {
-                return ret;
-            }
-            break;
-        }
-        ret = search_exact(t, tree, next.key, &p);
-        if (ret == 0) {
-            ExtreeNode *leaf = p.nodes[0];
-            int s = p.slots[0], nr = node_nritems(leaf), count = 0;
-            uint64_t gone = 0;
-
-            for (int i = s; i < nr && ret == 0; i++) {
-                ExtreeItem x;
-                leaf_get(leaf, i, &x);
-                if (x.key >= end || x.key + x.length > end) {
-                    break;
-                }
-                ret = report_removed(removed, opaque, &x, x.key,
-                                     x.key + x.length);
-                count++;
-                gone += x.length;
-            }
-            if (ret == 0) {
-                ret = delete_at(t, tree, &p, 0, s, count);
-                tree->nitems -= count;
-                tree->total -= gone;
-            }
-        }
-        extree_path_release(t, &p);
-        if (ret < 0) {
-            return ret;
-        }
-        ret = extree_bt_find(t, tree, start, &prev, &hp, &next, &hn);
-        if (ret < 0) {
-            return ret;
-        }
-    }
-    if (!it->type) {
-        return 0;
-    }
-    {
-        ExtreeItem n = *it;
-        n.key = start;
-        n.length = len;
-        return insert_merged(t, tree, &n, !changed, prev, hp, next, hn);
-    }
-}
-
 
 /* ---- probes into other roots ---- */
 
@@ -1345,7 +805,7 @@ int extree_bt_probe(Extree *t, ExtreeProbe *pr, uint64_t key,
             extree_node_unref(t, p->nodes[k]);
             p->nodes[k] = NULL;
         }
-        child_expect(tree, n, slot, pr->hi[l], &e);
+        extree_bt_child_expect(tree, n, slot, pr->hi[l], &e);
         ret = extree_node_get(t, ptr_get_child(n, slot), &e, &p->nodes[l - 1]);
         if (ret < 0) {
             return ret;
@@ -1376,161 +836,4 @@ int extree_bt_probe_reaches(Extree *t, ExtreeProbe *pr, ExtreeNode *n,
     }
     *reaches = ret == 0 && m && m->bytenr == n->bytenr;
     return ret;
-}
-
-/*
- * Does a root of @guard reach the node @n (about to be freed)?  Then its
- * count was too low: corruption.  O(roots x depth) node lookups, about
- * one walk of the roots' nodes in the key range a drop covers.
- */
-static int guard_check(Extree *t, ExtreeDropGuard *guard, ExtreeNode *n)
-{
-    for (unsigned i = 0; guard && i < guard->nkeep; i++) {
-        bool reaches;
-        int ret = extree_bt_probe_reaches(t, &guard->keep[i], n, &reaches);
-
-        if (ret < 0) {
-            return ret;
-        }
-        if (reaches) {
-            return extree_corrupt(t, n->bytenr, "corrupt reference count "
-                                  "tree: extent tree node at offset 0x%"
-                                  PRIx64 " has 1 reference, but another "
-                                  "root reaches it too", n->bytenr);
-        }
-    }
-    return 0;
-}
-
-/* ---- whole trees ---- */
-
-/*
- * The children of @n that a drop will read (those with one reference: the
- * others only lose one), read at once, concurrently where the backend can:
- * deleting a snapshot that was mostly overwritten reads every node of its
- * tree, and one read at a time waits on each
- */
-static void drop_readahead(Extree *t, ExtreeTree *tree, const ExtreeNode *n,
-                           uint64_t key_end)
-{
-    int nr = node_nritems(n), k = 0;
-    ExtreeNodeExpect *e = g_new(ExtreeNodeExpect, nr);
-    uint64_t *bytenr = g_new(uint64_t, nr);
-
-    for (int i = 0; i < nr; i++) {
-        uint32_t count;
-        uint64_t child = ptr_get_child(n, i);
-
-        if (!extree_node_cached(t, child) &&
-            t->sm.ops->ref_count(t->sm.opaque, child, &count) == 0 &&
-            count == 1) {
-            bytenr[k] = child;
-            child_expect(tree, n, i, key_end, &e[k]);
-            k++;
-        }
-    }
-    for (int i = 0; i < k; i += EXTREE_READAHEAD_MAX) {
-        extree_node_readahead(t, MIN(k - i, EXTREE_READAHEAD_MAX),
-                              bytenr + i, e + i);
-    }
-    g_free(e);
-    g_free(bytenr);
-}
-
-/* drop_tree(): one reference fewer for the node @bytenr (@e expects it) */
-static int drop_node(Extree *t, ExtreeTree *tree, uint64_t bytenr,
-                     const ExtreeNodeExpect *e, ExtreeRemovedFn *removed,
-                     void *opaque, ExtreeDropGuard *guard)
-{
-    uint32_t count;
-    ExtreeNode *n;
-    int nr, ret;
-
-    ret = t->sm.ops->ref_count(t->sm.opaque, bytenr, &count);
-    if (ret < 0) {
-        return ret;
-    }
-    if (count > 1) {
-        return t->sm.ops->dec_ref(t->sm.opaque, bytenr, t->node_size, true);
-    }
-    ret = extree_node_get(t, bytenr, e, &n);
-    if (ret < 0) {
-        return ret;
-    }
-    ret = guard_check(t, guard, n);
-    if (ret == 0 && guard && guard->leaf_fn && !node_level(n)) {
-        ret = guard->leaf_fn(guard, n);
-    }
-    if (ret < 0) {
-        extree_node_unref(t, n);
-        return ret;
-    }
-    nr = node_nritems(n);
-    if (node_level(n)) {
-        drop_readahead(t, tree, n, e->key_end);
-    }
-    for (int i = 0; i < nr && ret == 0; i++) {
-        if (node_level(n)) {
-            ExtreeNodeExpect ce;
-
-            child_expect(tree, n, i, e->key_end, &ce);
-            ret = drop_node(t, tree, ptr_get_child(n, i), &ce, removed,
-                            opaque, guard);
-        } else if (removed) {
-            ExtreeItem it;
-
-            leaf_get(n, i, &it);
-            ret = removed(opaque, &it);
-        }
-    }
-    if (ret == 0) {
-        ret = free_node(t, n);
-    }
-    extree_node_unref(t, n);
-    return ret;
-}
-
-/*
- * The root of @tree loses a reference (a snapshot deleted, a live tree
- * replaced by a revert): every node that thereby loses its last one is
- * freed and its children lose one, recursively; @removed is told of each
- * item of a freed leaf.  Visits only the nodes no other root shares:
- * O(nodes freed).  The tree must hold no node of this transaction.
- */
-int extree_bt_drop(Extree *t, ExtreeTree *tree, ExtreeRemovedFn *removed,
-                   void *opaque, ExtreeDropGuard *guard)
-{
-    ExtreeNodeExpect e;
-
-    extree_path_release(t, &t->pcache[tree->owner]);
-    extree_tree_expect(t, tree, &e);
-    t->seq++;
-    return drop_node(t, tree, tree->root, &e, removed, opaque, guard);
-}
-
-/* @tree becomes an empty root leaf in new space */
-int extree_bt_new_root(Extree *t, ExtreeTree *tree)
-{
-    ExtreeNode *root;
-    uint64_t bytenr;
-    int ret;
-
-    ret = t->sm.ops->new_node(t->sm.opaque, &bytenr);
-    if (ret < 0) {
-        return ret;
-    }
-    ret = extree_node_new(t, bytenr, tree->owner, 0, &root);
-    if (ret < 0) {
-        return ret;
-    }
-    extree_node_unref(t, root);
-    extree_path_release(t, &t->pcache[tree->owner]);
-    tree->root = bytenr;
-    tree->root_gen = t->trans_gen;
-    tree->level = 0;
-    tree->nitems = 0;
-    tree->total = 0;
-    t->super_dirty = true;
-    t->seq++;
-    return 0;
 }

@@ -360,7 +360,8 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
         } else {
             ExtreeItem it;
             leaf_get(&view, i, &it);
-            if (c->has_last && extree_items_mergeable(&c->last, &it)) {
+            if (c->has_last &&
+                extree_tree_vt(owner)->mergeable(&c->last, &it)) {
                 c->res->unmerged++;
             }
             c->last = it;

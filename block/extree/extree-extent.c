@@ -21,6 +21,42 @@
  * A block-aligned range of the virtual disk, or with snapshots of the VM
  * state area (extree-snap.c writes VM state there)
  */
+/*
+ * Extent items (ExtreeValueType): adjacent items of one type merge into
+ * one when their host ranges are contiguous too (ZERO items have none); a
+ * compressed item is never merged nor split (one payload each)
+ */
+static bool extent_mergeable(const ExtreeItem *a, const ExtreeItem *b)
+{
+    if (a->key + a->length != b->key || a->type != b->type) {
+        return false;
+    }
+    switch (a->type) {
+    case EXTREE_ITEM_ZERO:
+        return true;
+    case EXTREE_ITEM_COMPRESSED:
+        return false;
+    default:
+        return a->host + a->length == b->host;
+    }
+}
+
+static uint64_t extent_host_at(const ExtreeItem *it, uint64_t key)
+{
+    switch (it->type) {
+    case EXTREE_ITEM_ZERO:
+    case EXTREE_ITEM_COMPRESSED:
+        return it->host;
+    default:
+        return it->host + (key - it->key);
+    }
+}
+
+const ExtreeValueType extree_extent_vt = {
+    .mergeable = extent_mergeable,
+    .host_at = extent_host_at,
+};
+
 static bool range_ok(Extree *t, uint64_t guest, uint64_t bytes)
 {
     uint64_t vend = EXTREE_ROUND_UP(t->virtual_size, t->block_size);
@@ -957,7 +993,7 @@ static bool run_joins(int coalesce, const ExtreeItem *cur, const ExtreeItem *nx)
         nx->type == EXTREE_ITEM_COMPRESSED) {
         return true;
     }
-    return extree_items_mergeable(cur, nx);
+    return extent_mergeable(cur, nx);
 }
 
 /* The run's type and host at @guest inside item @it */

@@ -38,6 +38,26 @@ static ExtreeRangeSet *loaded_set(Extree *t, uint64_t len)
     return node_space ? &t->space.nfree : &t->space.avail;
 }
 
+/*
+ * Free-space items (ExtreeValueType): host ranges; neighbours merge when
+ * they are contiguous
+ */
+static bool free_mergeable(const ExtreeItem *a, const ExtreeItem *b)
+{
+    return a->key + a->length == b->key && a->type == b->type &&
+           a->host + a->length == b->host;
+}
+
+static uint64_t free_host_at(const ExtreeItem *it, uint64_t key)
+{
+    return it->host + (key - it->key);
+}
+
+const ExtreeValueType extree_free_vt = {
+    .mergeable = free_mergeable,
+    .host_at = free_host_at,
+};
+
 static void add_loaded(Extree *t, uint64_t start, uint64_t len)
 {
     /* in order: node validation keeps a tree's items sorted, disjoint */

@@ -279,9 +279,27 @@ typedef int ExtreeShareFn(Extree *t, const ExtreeItem *it);
  */
 typedef int ExtreeVerifyFn(Extree *t, struct ExtreeNode *n);
 
+/*
+ * What a tree's items mean, for the B+tree (dm persistent-data's
+ * dm_btree_value_type): the tree stores, splits and merges items through
+ * these and knows nothing else of them.  One per kind of tree, owned by
+ * the layer that gives the items their meaning: extree_extent_vt (DATA,
+ * ZERO, COMPRESSED), extree_free_vt (FREE), extree_refs_vt (REFS).
+ */
+typedef struct ExtreeValueType {
+    /* @a and @b (adjacent keys, @a first) may be stored as one item */
+    bool (*mergeable)(const ExtreeItem *a, const ExtreeItem *b);
+    /* The host field of the piece of @it that starts at key @key */
+    uint64_t (*host_at)(const ExtreeItem *it, uint64_t key);
+} ExtreeValueType;
+
+extern const ExtreeValueType extree_extent_vt, extree_free_vt,
+                             extree_refs_vt;
+
 /* One tree: extent, free or reference counts */
 typedef struct ExtreeTree {
     uint32_t owner;             /* EXTREE_TREE_* */
+    const ExtreeValueType *vt;  /* what its items mean */
     /*
      * Nodes of this tree may be shared (the extent tree of an image with
      * snapshots): copy-on-write of a node with more than one reference
@@ -303,44 +321,6 @@ typedef struct ExtreeTree {
      */
     uint64_t data_end;
 } ExtreeTree;
-
-/*
- * Adjacent items of one type merge into one when their host ranges are
- * contiguous too (ZERO items have none)
- */
-static inline bool extree_items_mergeable(const ExtreeItem *a,
-                                          const ExtreeItem *b)
-{
-    if (a->key + a->length != b->key || a->type != b->type) {
-        return false;
-    }
-    switch (a->type) {
-    case EXTREE_ITEM_ZERO:
-        return true;
-    case EXTREE_ITEM_REFS:
-        return a->host == b->host;      /* the same count */
-    case EXTREE_ITEM_COMPRESSED:
-        return false;                   /* one payload each */
-    default:
-        return a->host + a->length == b->host;
-    }
-}
-
-/*
- * The host field of the piece of @it that starts at guest (or host) offset
- * @key: ZERO has none, REFS holds a count, DATA and FREE an offset
- */
-static inline uint64_t extree_item_host_at(const ExtreeItem *it, uint64_t key)
-{
-    switch (it->type) {
-    case EXTREE_ITEM_ZERO:
-    case EXTREE_ITEM_REFS:
-    case EXTREE_ITEM_COMPRESSED:        /* never split (the payload's) */
-        return it->host;
-    default:
-        return it->host + (key - it->key);
-    }
-}
 
 static inline uint32_t extree_compressed_len(const ExtreeItem *it)
 {
@@ -1167,5 +1147,7 @@ int extree_snap_table_moved(Extree *t);
 
 /* extree-txn.c */
 uint64_t extree_sb_free_bytes(const Extree *t);
+/* The value type of the trees of @owner (EXTREE_TREE_*) */
+const ExtreeValueType *extree_tree_vt(uint32_t owner);
 
 #endif /* BLOCK_EXTREE_INT_H */

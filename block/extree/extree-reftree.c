@@ -25,6 +25,26 @@
  * t->space.reflog for the reference count tree's sync at commit.
  */
 
+/*
+ * Reference count items (ExtreeValueType): the host field is the count,
+ * the same for every piece; neighbours merge when their counts agree
+ */
+static bool refs_mergeable(const ExtreeItem *a, const ExtreeItem *b)
+{
+    return a->key + a->length == b->key && a->type == b->type &&
+           a->host == b->host;
+}
+
+static uint64_t refs_host_at(const ExtreeItem *it, uint64_t key)
+{
+    return it->host;
+}
+
+const ExtreeValueType extree_refs_vt = {
+    .mergeable = refs_mergeable,
+    .host_at = refs_host_at,
+};
+
 static gint ref_key_cmp(gconstpointer a, gconstpointer b, gpointer unused)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;

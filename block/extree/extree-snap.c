@@ -94,6 +94,7 @@ static int enable_snapshots(Extree *t)
     }
     t->incompat |= EXTREE_INCOMPAT_SNAPSHOTS;
     rt->owner = EXTREE_TREE_REFS;
+    rt->vt = &extree_refs_vt;
     rt->data_end = UINT64_MAX;
     ret = extree_bt_new_root(t, rt);
     if (ret < 0) {

@@ -213,9 +213,23 @@ int extree_create(ExtreeBackend *be, const ExtreeCreateParams *p,
     return ret;
 }
 
+const ExtreeValueType *extree_tree_vt(uint32_t owner)
+{
+    switch (owner) {
+    case EXTREE_TREE_EXTENT:
+        return &extree_extent_vt;
+    case EXTREE_TREE_FREE:
+        return &extree_free_vt;
+    default:
+        g_assert(owner == EXTREE_TREE_REFS);
+        return &extree_refs_vt;
+    }
+}
+
 static void tree_init(ExtreeTree *tree, uint32_t owner, const ExtreeSuper *s)
 {
     tree->owner = owner;
+    tree->vt = extree_tree_vt(owner);
     tree->root = s->root[owner];
     tree->root_gen = s->root_gen[owner];
     tree->level = s->root_level[owner];
