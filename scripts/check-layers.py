@@ -20,6 +20,8 @@ import sys
 LAYERS = [
     ('extree-crc32c', 'extree-compress'),
     'extree-node',
+    'extree-node-check',
+    'extree-node-io',
     'extree-rangeset',
     ('extree-alloc', 'extree-btree'),
     'extree-btree-edit',

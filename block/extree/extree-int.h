@@ -768,23 +768,48 @@ struct Extree {
     char *last_error;
 };
 
-/* extree-node.c */
+/* extree-node.c: the node cache */
 void extree_cache_init(Extree *t);
 void extree_cache_destroy(Extree *t);
-int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
-                    ExtreeNode **out);
 int extree_node_new(Extree *t, uint64_t bytenr, uint32_t owner,
                     unsigned level, ExtreeNode **out);
 int extree_node_new_copy(Extree *t, uint64_t bytenr, uint32_t owner,
                          unsigned level, const ExtreeNode *src,
                          ExtreeNode **out);
-bool extree_node_matches(const ExtreeNode *n, const ExtreeNodeExpect *e);
 void extree_node_ref(ExtreeNode *n);
 void extree_node_unref(Extree *t, ExtreeNode *n);
 void extree_node_drop(Extree *t, ExtreeNode *n);
 void extree_cache_shrink(Extree *t);
 void extree_cache_forget(Extree *t);
+bool extree_node_cached(Extree *t, uint64_t bytenr);
+bool extree_node_is_dirty(Extree *t, uint64_t bytenr);
+uint64_t extree_node_subtree_bytes(const ExtreeNode *n);
+/* Commit step 7: dirty nodes are now committed, clean and evictable */
+void extree_node_commit_done(Extree *t);
+void extree_prefetch_drop_all(Extree *t);
+int extree_corrupt(Extree *t, uint64_t offset, const char *fmt, ...)
+    G_GNUC_PRINTF(3, 4);
+const char *extree_tree_name(uint32_t owner);
+/* ... for extree-node-io.c only */
+ExtreeNode *extree_cache_lookup(Extree *t, uint64_t bytenr);
+void extree_cache_pin(Extree *t, ExtreeNode *n);
+ExtreeNode *extree_cache_node_alloc(Extree *t, uint64_t bytenr,
+                                    uint8_t *buf);
+void extree_cache_node_free(Extree *t, ExtreeNode *n);
+void extree_cache_insert(Extree *t, ExtreeNode *n, bool pinned);
+GPtrArray *extree_cache_dirty_pinned(Extree *t);
+uint8_t *extree_prefetch_take(Extree *t, uint64_t bytenr);
 
+/* extree-node-check.c: validation */
+int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
+                         const ExtreeNodeExpect *e, char **why);
+bool extree_node_matches(const ExtreeNode *n, const ExtreeNodeExpect *e);
+/* Why cached node @n is not what @e expects (g_free()), NULL if it is */
+char *extree_node_disagrees(const ExtreeNode *n, const ExtreeNodeExpect *e);
+
+/* extree-node-io.c: reads through the cache, readahead, write-back */
+int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
+                    ExtreeNode **out);
 /*
  * Leaves read at once when a forward walk steps onto an uncached one: the
  * first batch of a walk is small (a read that merely crosses a leaf
@@ -794,18 +819,8 @@ void extree_cache_forget(Extree *t);
 #define EXTREE_READAHEAD_MAX    512
 void extree_node_readahead(Extree *t, int n, const uint64_t *bytenr,
                            const ExtreeNodeExpect *e);
-bool extree_node_cached(Extree *t, uint64_t bytenr);
-bool extree_node_is_dirty(Extree *t, uint64_t bytenr);
-uint64_t extree_node_subtree_bytes(const ExtreeNode *n);
-int extree_node_validate(Extree *t, const uint8_t *buf, uint64_t bytenr,
-                         const ExtreeNodeExpect *e, char **why);
 void extree_node_finish(Extree *t, uint8_t *buf);
 int extree_node_write_dirty(Extree *t);
-void extree_node_commit_done(Extree *t);
-void extree_prefetch_drop_all(Extree *t);
-int extree_corrupt(Extree *t, uint64_t offset, const char *fmt, ...)
-    G_GNUC_PRINTF(3, 4);
-const char *extree_tree_name(uint32_t owner);
 
 static inline bool extree_has_refs(const Extree *t)
 {
