@@ -49,7 +49,7 @@ static uint64_t nchunks_for(uint64_t ngran, uint32_t block_size)
 /* Would a bitmap of @nchunks chunks take more memory than we allow? */
 static bool too_big(const Extree *t, uint64_t nchunks)
 {
-    return nchunks > t->bitmap_max_bytes / t->block_size;
+    return nchunks > t->bm.max_bytes / t->block_size;
 }
 
 static uint64_t entry_bytes(size_t name_len, uint64_t nchunks)
@@ -63,8 +63,8 @@ static uint64_t dir_bytes(Extree *t, uint64_t size, uint64_t extra)
 {
     uint64_t len = sizeof(ExtreeDiskBitmapHeader) + extra;
 
-    for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+    for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
 
         len += entry_bytes(strlen(bm->name),
                            nchunks_for(ngranules(size, bm->gran_bits),
@@ -208,7 +208,7 @@ static void chunk_touch(Extree *t, ExtreeBitmap *bm, uint64_t c)
         bm->cchunk[c] = g_memdup2(bm->bits + c * t->block_size,
                                   t->block_size);
         bm->chunk_state[c] = CHUNK_CHANGED;
-        t->bitmap_chunks_changed++;
+        t->bm.chunks_changed++;
     }
 }
 
@@ -223,12 +223,12 @@ void extree_bitmaps_commit_space(Extree *t)
 {
     uint64_t dir = 0;
 
-    if (t->bitmaps_dirty && t->bitmaps && t->bitmaps->len) {
+    if (t->bm.dirty && t->bm.list && t->bm.list->len) {
         dir = EXTREE_ROUND_UP(dir_bytes(t, t->virtual_size, 0),
                               t->block_size);
         dir = (dir + t->node_size - 1) / t->node_size + 1;
     }
-    extree_alloc_commit_extra(t, t->bitmap_chunks_changed + dir);
+    extree_alloc_commit_extra(t, t->bm.chunks_changed + dir);
 }
 
 /* Chunk @c as committed */
@@ -310,7 +310,7 @@ static int chunk_release(Extree *t, ExtreeBitmap *bm, uint64_t c)
 
 static void bitmaps_changed(Extree *t)
 {
-    t->bitmaps_dirty = true;
+    t->bm.dirty = true;
     t->super_dirty = true;
     extree_bitmaps_commit_space(t);
 }
@@ -335,7 +335,7 @@ static int mark_cmp(const void *a, const void *b)
  */
 static void marks_coarsen(Extree *t)
 {
-    GArray *m = t->bitmap_marks;
+    GArray *m = t->bm.marks;
 
     while (m->len > MARKS_MAX / 2) {
         guint out = 0;
@@ -363,24 +363,24 @@ void extree_bitmaps_mark(Extree *t, uint64_t guest, uint64_t bytes)
     ExtreeBitmapMark *last;
     bool changed = false;
 
-    if (!t->bitmaps || !t->bitmaps->len || guest >= end) {
+    if (!t->bm.list || !t->bm.list->len || guest >= end) {
         return;
     }
-    last = t->bitmap_marks->len ?
-           &g_array_index(t->bitmap_marks, ExtreeBitmapMark,
-                          t->bitmap_marks->len - 1) : NULL;
+    last = t->bm.marks->len ?
+           &g_array_index(t->bm.marks, ExtreeBitmapMark,
+                          t->bm.marks->len - 1) : NULL;
     if (last && last->end >= guest && last->start <= end) {
         last->start = MIN(last->start, guest);
         last->end = MAX(last->end, end);
     } else {
         ExtreeBitmapMark m = { guest, end };
-        g_array_append_val(t->bitmap_marks, m);
-        if (t->bitmap_marks->len > MARKS_MAX) {
+        g_array_append_val(t->bm.marks, m);
+        if (t->bm.marks->len > MARKS_MAX) {
             marks_coarsen(t);
         }
     }
-    for (guint i = 0; t->bitmaps_enabled && i < t->bitmaps->len; i++) {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+    for (guint i = 0; t->bm.enabled && i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
 
         if (bm->enabled) {
             changed |= set_range(t, bm, guest >> bm->gran_bits,
@@ -397,8 +397,8 @@ bool extree_bitmaps_in_place(Extree *t, uint64_t guest, uint64_t bytes)
     uint64_t end = MIN(guest + bytes, t->virtual_size);
     bool ok = true, after_commit = true;
 
-    for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+    for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
         uint64_t g0 = guest >> bm->gran_bits;
         uint64_t g1 = ngranules(end, bm->gran_bits);
         bool set;
@@ -415,7 +415,7 @@ bool extree_bitmaps_in_place(Extree *t, uint64_t guest, uint64_t bytes)
         }
     }
     if (!ok && after_commit) {
-        t->bitmap_held++;
+        t->bm.held++;
     }
     return ok;
 }
@@ -424,13 +424,13 @@ bool extree_bitmaps_in_place(Extree *t, uint64_t guest, uint64_t bytes)
 
 unsigned extree_bitmap_count(Extree *t)
 {
-    return t->bitmaps ? t->bitmaps->len : 0;
+    return t->bm.list ? t->bm.list->len : 0;
 }
 
 int extree_bitmap_find(Extree *t, const char *name)
 {
-    for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+    for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
 
         if (!strcmp(bm->name, name)) {
             return i;
@@ -446,7 +446,7 @@ int extree_bitmap_info(Extree *t, unsigned i, ExtreeBitmapInfo *info)
     if (i >= extree_bitmap_count(t)) {
         return -ENOENT;
     }
-    bm = g_ptr_array_index(t->bitmaps, i);
+    bm = g_ptr_array_index(t->bm.list, i);
     info->name = bm->name;
     info->granularity = (uint64_t)1 << bm->gran_bits;
     info->enabled = bm->enabled;
@@ -504,7 +504,7 @@ int extree_bitmap_check_new(Extree *t, const char *name, uint64_t granularity,
         /* qcow2's words */
         *why = g_strdup_printf("Too much space will be occupied by the "
                                "bitmap (more than %" PRIu64 " bytes). Use "
-                               "larger granularity", t->bitmap_max_bytes);
+                               "larger granularity", t->bm.max_bytes);
         return -EFBIG;
     }
     if (dir_bytes(t, t->virtual_size, entry_bytes(len, nch)) >
@@ -529,12 +529,12 @@ int extree_bitmap_add(Extree *t, const char *name, uint64_t granularity,
     if (ret < 0) {
         return ret;
     }
-    if (!t->bitmaps) {
-        t->bitmaps = g_ptr_array_new();
+    if (!t->bm.list) {
+        t->bm.list = g_ptr_array_new();
     }
-    g_ptr_array_add(t->bitmaps, bm_new(t, name, __builtin_ctzll(granularity),
+    g_ptr_array_add(t->bm.list, bm_new(t, name, __builtin_ctzll(granularity),
                                        enabled));
-    t->bitmaps_enabled += enabled;
+    t->bm.enabled += enabled;
     t->incompat |= EXTREE_INCOMPAT_BITMAPS;
     bitmaps_changed(t);
     return 0;
@@ -552,15 +552,15 @@ int extree_bitmap_remove(Extree *t, const char *name)
     if (i < 0) {
         return i;
     }
-    bm = g_ptr_array_index(t->bitmaps, i);
+    bm = g_ptr_array_index(t->bm.list, i);
     for (uint64_t c = 0; c < bm->nchunks; c++) {
         ret = chunk_release(t, bm, c);
         if (ret < 0) {
             return ret;
         }
     }
-    t->bitmaps_enabled -= bm->enabled;
-    g_ptr_array_remove_index(t->bitmaps, i);
+    t->bm.enabled -= bm->enabled;
+    g_ptr_array_remove_index(t->bm.list, i);
     bm_free(bm);
     bitmaps_changed(t);
     return 0;
@@ -568,14 +568,14 @@ int extree_bitmap_remove(Extree *t, const char *name)
 
 uint64_t extree_bitmap_bytes(Extree *t, unsigned i)
 {
-    ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+    ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
 
     return (bm->ngran + 7) / 8;
 }
 
 void extree_bitmap_read(Extree *t, unsigned i, uint8_t *buf)
 {
-    ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+    ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
 
     memcpy(buf, bm->bits, extree_bitmap_bytes(t, i));
 }
@@ -595,7 +595,7 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
     if (i >= extree_bitmap_count(t)) {
         return -ENOENT;
     }
-    bm = g_ptr_array_index(t->bitmaps, i);
+    bm = g_ptr_array_index(t->bm.list, i);
     len = (size_t)bm->nchunks * t->block_size;
     n = extree_bitmap_bytes(t, i);
     want = g_malloc0(len);
@@ -614,8 +614,8 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
          * changes whose requests may not have told the caller yet: this
          * transaction's, or those since extree_bitmaps_marks_reflected()
          */
-        for (guint m = 0; m < t->bitmap_marks->len; m++) {
-            ExtreeBitmapMark *mk = &g_array_index(t->bitmap_marks,
+        for (guint m = 0; m < t->bm.marks->len; m++) {
+            ExtreeBitmapMark *mk = &g_array_index(t->bm.marks,
                                                   ExtreeBitmapMark, m);
             uint64_t g = mk->start >> bm->gran_bits;
             uint64_t g1 = ngranules(MIN(mk->end, t->virtual_size),
@@ -639,7 +639,7 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
     }
     g_free(want);
     if (enabled != bm->enabled) {
-        t->bitmaps_enabled += enabled ? 1 : -1;
+        t->bm.enabled += enabled ? 1 : -1;
         bm->enabled = enabled;
         changed = true;
     }
@@ -653,8 +653,8 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
 
 int extree_bitmaps_resize_ok(Extree *t, uint64_t size)
 {
-    for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+    for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
 
         if (too_big(t, nchunks_for(ngranules(size, bm->gran_bits),
                                    t->block_size))) {
@@ -662,7 +662,7 @@ int extree_bitmaps_resize_ok(Extree *t, uint64_t size)
             t->last_error = g_strdup_printf("bitmap '%s' would take more "
                                             "than %" PRIu64 " bytes at that "
                                             "size; remove it first",
-                                            bm->name, t->bitmap_max_bytes);
+                                            bm->name, t->bm.max_bytes);
             return -EFBIG;
         }
     }
@@ -678,8 +678,8 @@ int extree_bitmaps_resize_ok(Extree *t, uint64_t size)
 
 int extree_bitmaps_resize(Extree *t, uint64_t size)
 {
-    for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+    for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
         uint64_t ngran = ngranules(size, bm->gran_bits);
         uint64_t nch = nchunks_for(ngran, t->block_size);
         size_t bs = t->block_size;
@@ -773,11 +773,11 @@ int extree_bitmaps_prepare(Extree *t)
     uint64_t len;
     int ret;
 
-    if (!t->bitmaps_dirty) {
+    if (!t->bm.dirty) {
         return 0;
     }
-    for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+    for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
         uint64_t run = 0, run_host = 0;
 
         ret = prepare_run(t, bm, &run, &run_host);
@@ -821,41 +821,41 @@ int extree_bitmaps_prepare(Extree *t)
             }
         }
     }
-    if (t->bitmap_dir) {
-        ret = t->sm.ops->dec_ref(t->sm.opaque, t->bitmap_dir,
-                                 EXTREE_ROUND_UP(t->bitmap_dir_len,
+    if (t->bm.dir) {
+        ret = t->sm.ops->dec_ref(t->sm.opaque, t->bm.dir,
+                                 EXTREE_ROUND_UP(t->bm.dir_len,
                                                  t->block_size), false);
         if (ret < 0) {
             return ret;
         }
-        t->bitmap_dir = t->bitmap_dir_len = 0;
+        t->bm.dir = t->bm.dir_len = 0;
     }
     if (!extree_bitmap_count(t)) {
         return 0;
     }
     len = dir_bytes(t, t->virtual_size, 0);
     ret = extree_alloc_contig(t, EXTREE_ROUND_UP(len, t->block_size),
-                              &t->bitmap_dir);
+                              &t->bm.dir);
     if (ret < 0) {
         return ret;
     }
-    t->bitmap_dir_len = len;
+    t->bm.dir_len = len;
     return 0;
 }
 
 static uint8_t *dir_encode(Extree *t, uint64_t *alloc_len)
 {
-    uint64_t len = t->bitmap_dir_len;
+    uint64_t len = t->bm.dir_len;
     uint8_t *buf, *p;
 
     *alloc_len = EXTREE_ROUND_UP(len, t->block_size);
     buf = g_malloc0(*alloc_len);
     ext_st32(buf + BH_OFF(magic), EXTREE_BITMAP_MAGIC);
-    ext_st32(buf + BH_OFF(count), t->bitmaps->len);
+    ext_st32(buf + BH_OFF(count), t->bm.list->len);
     ext_st32(buf + BH_OFF(length), len);
     p = buf + sizeof(ExtreeDiskBitmapHeader);
-    for (guint i = 0; i < t->bitmaps->len; i++) {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+    for (guint i = 0; i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
         size_t nlen = strlen(bm->name);
 
         p[BE_OFF(name_len)] = nlen & 0xff;
@@ -884,11 +884,11 @@ int extree_bitmaps_write(Extree *t)
     uint8_t *buf;
     int ret;
 
-    if (!t->bitmaps_dirty) {
+    if (!t->bm.dirty) {
         return 0;
     }
-    for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+    for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
 
         for (uint64_t c = 0; c < bm->nchunks; c++) {
             if (bm->chunk_state[c] == CHUNK_MOVED && bm->chunk_off[c]) {
@@ -901,45 +901,45 @@ int extree_bitmaps_write(Extree *t)
             }
         }
     }
-    if (!t->bitmap_dir) {
+    if (!t->bm.dir) {
         return 0;
     }
     buf = dir_encode(t, &len);
-    ret = t->be->ops->pwrite(t->be->opaque, t->bitmap_dir, buf, len);
+    ret = t->be->ops->pwrite(t->be->opaque, t->bm.dir, buf, len);
     g_free(buf);
     return ret;
 }
 
 void extree_bitmaps_keep_marks(Extree *t)
 {
-    t->bitmap_marks_kept = true;
+    t->bm.marks_kept = true;
 }
 
 void extree_bitmaps_marks_reflected(Extree *t)
 {
-    if (t->bitmap_marks) {
-        g_array_set_size(t->bitmap_marks, 0);
+    if (t->bm.marks) {
+        g_array_set_size(t->bm.marks, 0);
     }
 }
 
 bool extree_bitmaps_have_marks(Extree *t)
 {
-    return t->bitmap_marks && t->bitmap_marks->len;
+    return t->bm.marks && t->bm.marks->len;
 }
 
 void extree_bitmaps_commit_done(Extree *t)
 {
-    if (t->bitmap_marks && !t->bitmap_marks_kept) {
-        g_array_set_size(t->bitmap_marks, 0);
+    if (t->bm.marks && !t->bm.marks_kept) {
+        g_array_set_size(t->bm.marks, 0);
     }
-    t->bitmap_held = 0;
-    t->bitmap_chunks_changed = 0;
+    t->bm.held = 0;
+    t->bm.chunks_changed = 0;
     extree_alloc_commit_extra(t, 0);
-    if (!t->bitmaps_dirty) {
+    if (!t->bm.dirty) {
         return;
     }
-    for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+    for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
 
         bm->cenabled = bm->enabled;
         for (uint64_t c = 0; c < bm->nchunks; c++) {
@@ -951,28 +951,28 @@ void extree_bitmaps_commit_done(Extree *t)
             }
         }
     }
-    t->bitmaps_dirty = false;
+    t->bm.dirty = false;
 }
 
 /* ---- Open: the directory and every chunk, validated ---- */
 
 void extree_bitmaps_free(Extree *t)
 {
-    if (t->bitmaps) {
-        g_ptr_array_set_free_func(t->bitmaps, (GDestroyNotify)bm_free);
-        g_ptr_array_free(t->bitmaps, true);
-        t->bitmaps = NULL;
+    if (t->bm.list) {
+        g_ptr_array_set_free_func(t->bm.list, (GDestroyNotify)bm_free);
+        g_ptr_array_free(t->bm.list, true);
+        t->bm.list = NULL;
     }
-    if (t->bitmap_marks) {
-        g_array_free(t->bitmap_marks, true);
-        t->bitmap_marks = NULL;
+    if (t->bm.marks) {
+        g_array_free(t->bm.marks, true);
+        t->bm.marks = NULL;
     }
-    t->bitmap_dir = t->bitmap_dir_len = 0;
-    t->bitmaps_dirty = false;
-    t->bitmaps_enabled = 0;
-    t->bitmap_chunks_changed = 0;
-    g_free(t->bitmaps_bad);
-    t->bitmaps_bad = NULL;
+    t->bm.dir = t->bm.dir_len = 0;
+    t->bm.dirty = false;
+    t->bm.enabled = 0;
+    t->bm.chunks_changed = 0;
+    g_free(t->bm.bad);
+    t->bm.bad = NULL;
 }
 
 /* One entry at @p (@left bytes of the directory left); *@why on damage */
@@ -1030,7 +1030,7 @@ static char *decode_entry(Extree *t, const uint8_t *p, uint64_t left,
                                "memory, more than %" PRIu64 "; 'qemu-img "
                                "check -r all' removes it", name,
                                (uint64_t)nch * t->block_size,
-                               t->bitmap_max_bytes);
+                               t->bm.max_bytes);
         g_free(name);
         *out = NULL;
         return NULL;
@@ -1122,10 +1122,10 @@ static int load_chunks(Extree *t, ExtreeBitmap *bm, uint64_t want_count)
     count = popcount(bm->bits, (size_t)bm->nchunks * t->block_size);
     bm->count = count;
     if (count != want_count) {
-        return extree_corrupt(t, t->bitmap_dir, "corrupt bitmap directory at "
+        return extree_corrupt(t, t->bm.dir, "corrupt bitmap directory at "
                               "offset 0x%" PRIx64 ": bitmap '%s' has %"
                               PRIu64 " granules set, its entry says %"
-                              PRIu64, t->bitmap_dir, bm->name, count,
+                              PRIu64, t->bm.dir, bm->name, count,
                               want_count);
     }
     return 0;
@@ -1133,23 +1133,23 @@ static int load_chunks(Extree *t, ExtreeBitmap *bm, uint64_t want_count)
 
 /*
  * A checker's handle (@tolerate) opens with damaged bitmaps left out:
- * t->bitmaps_bad says what was wrong, and only a repair drops them from
+ * t->bm.bad says what was wrong, and only a repair drops them from
  * the image (extree_bitmaps_drop_damaged()); their blocks are leaks then.
  */
 static void note_bad(Extree *t)
 {
-    char *all = t->bitmaps_bad ?
-                g_strdup_printf("%s; %s", t->bitmaps_bad, t->last_error) :
+    char *all = t->bm.bad ?
+                g_strdup_printf("%s; %s", t->bm.bad, t->last_error) :
                 g_strdup(t->last_error);
 
-    g_free(t->bitmaps_bad);
-    t->bitmaps_bad = all;
+    g_free(t->bm.bad);
+    t->bm.bad = all;
 }
 
 void extree_bitmaps_drop_damaged(Extree *t)
 {
-    g_free(t->bitmaps_bad);
-    t->bitmaps_bad = NULL;
+    g_free(t->bm.bad);
+    t->bm.bad = NULL;
     bitmaps_changed(t);
 }
 
@@ -1157,8 +1157,8 @@ void extree_bitmaps_drop_damaged(Extree *t)
 static void bitmaps_reset(Extree *t)
 {
     extree_bitmaps_free(t);
-    t->bitmaps = g_ptr_array_new();
-    t->bitmap_marks = g_array_new(false, false, sizeof(ExtreeBitmapMark));
+    t->bm.list = g_ptr_array_new();
+    t->bm.marks = g_array_new(false, false, sizeof(ExtreeBitmapMark));
 }
 
 int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
@@ -1171,8 +1171,8 @@ int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
     char *why = NULL;
     int ret;
 
-    t->bitmaps = g_ptr_array_new();
-    t->bitmap_marks = g_array_new(false, false, sizeof(ExtreeBitmapMark));
+    t->bm.list = g_ptr_array_new();
+    t->bm.marks = g_array_new(false, false, sizeof(ExtreeBitmapMark));
     if (!sb->bitmap_count) {
         return 0;
     }
@@ -1217,9 +1217,9 @@ int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
             note_bad(t);
             p += used;
         } else if (!why) {
-            g_ptr_array_add(t->bitmaps, bm);
+            g_ptr_array_add(t->bm.list, bm);
             g_hash_table_add(names, bm->name);
-            t->bitmaps_enabled += bm->enabled;
+            t->bm.enabled += bm->enabled;
             p += used;
         } else {
             char *w = g_strdup_printf("entry %u: %s", i, why);
@@ -1244,18 +1244,18 @@ int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
         }
         return ret;
     }
-    t->bitmap_dir = sb->bitmap_dir;
-    t->bitmap_dir_len = len;
+    t->bm.dir = sb->bitmap_dir;
+    t->bm.dir_len = len;
     /* second pass for the counts: the entries are valid */
-    for (guint i = 0; i < t->bitmaps->len; i++) {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+    for (guint i = 0; i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
 
         ret = load_chunks(t, bm, bm->count);
         if (ret == -EIO && tolerate) {
             /* this one only: its chunks are leaks */
             note_bad(t);
-            t->bitmaps_enabled -= bm->enabled;
-            g_ptr_array_remove_index(t->bitmaps, i--);
+            t->bm.enabled -= bm->enabled;
+            g_ptr_array_remove_index(t->bm.list, i--);
             bm_free(bm);
             ret = 0;
         } else if (ret < 0) {

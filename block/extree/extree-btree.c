@@ -169,7 +169,7 @@ static int ptr_slot(const ExtreeNode *n, uint64_t key)
 /*
  * Does @n have more than one reference?  Only the nodes of a tree that
  * may be shared (the extent tree with snapshots), and of those only nodes
- * older than t->snap_gen, need the space map asked (spec: Sharing, 4).
+ * older than t->snap.gen, need the space map asked (spec: Sharing, 4).
  */
 static int node_shared(Extree *t, ExtreeTree *tree, const ExtreeNode *n,
                        bool *shared)
@@ -177,7 +177,7 @@ static int node_shared(Extree *t, ExtreeTree *tree, const ExtreeNode *n,
     uint32_t count = 1;
     int ret = 0;
 
-    if (tree->shared && node_gen(n) < t->snap_gen) {
+    if (tree->shared && node_gen(n) < t->snap.gen) {
         ret = t->sm.ops->ref_count(t->sm.opaque, n->bytenr, &count);
         /* about to be freed: a count that lies must not free it */
         if (ret == 0 && count == 1 && tree->verify_unshared) {
@@ -472,16 +472,16 @@ static int next_leaf_skip(Extree *t, ExtreeTree *tree, ExtreePath *p,
                 break;
             }
             if (level == 1) {
-                if (t->nowait) {
+                if (t->nc.nowait) {
                     /* a miss here is left to the query with readahead */
-                    t->walk_miss = true;
+                    t->nc.walk_miss = true;
                 } else {
                     readahead_leaves(t, tree, p);
                 }
             }
             ret = extree_bt_child(t, tree, parent, s,
                                   extree_bt_node_end(tree, p, level), &c);
-            t->walk_miss = false;
+            t->nc.walk_miss = false;
             if (ret < 0) {
                 return ret;
             }

@@ -411,20 +411,20 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
 static void check_bitmaps(CheckCtx *c)
 {
     Extree *t = c->t;
-    uint64_t len = EXTREE_ROUND_UP(t->bitmap_dir_len, t->block_size);
+    uint64_t len = EXTREE_ROUND_UP(t->bm.dir_len, t->block_size);
 
-    if (t->bitmaps_bad) {
+    if (t->bm.bad) {
         /* left out at open; a repair removes them */
         c->res->corruptions++;
         c->bitmaps_bad = true;
-        say(c, "%s", t->bitmaps_bad);
+        say(c, "%s", t->bm.bad);
     }
-    if (t->bitmap_dir) {
-        claim(c, t->bitmap_dir, len, 0, CLAIM_BITMAP);
+    if (t->bm.dir) {
+        claim(c, t->bm.dir, len, 0, CLAIM_BITMAP);
         c->res->metadata_bytes += len;
     }
-    for (guint i = 0; t->bitmaps && i < t->bitmaps->len; i++) {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+    for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
 
         for (uint64_t ch = 0; ch < bm->nchunks; ch++) {
             if (bm->chunk_off[ch]) {
@@ -439,20 +439,20 @@ static void check_snapshots(CheckCtx *c)
 {
     Extree *t = c->t;
 
-    if (t->snap_table) {
-        claim(c, t->snap_table, t->snap_table_len, 0, CLAIM_SNAP_TABLE);
-        c->res->metadata_bytes += t->snap_table_len;
+    if (t->snap.table) {
+        claim(c, t->snap.table, t->snap.table_len, 0, CLAIM_SNAP_TABLE);
+        c->res->metadata_bytes += t->snap.table_len;
     }
-    if (t->snap_gen_bad) {
+    if (t->snap.gen_bad) {
         c->res->corruptions++;
         c->snapgen_bad = true;
         say(c, "corrupt superblock at offset 0x%" PRIx64 ": snap_generation "
             "%" PRIu64 " not above every snapshot's generation",
             (t->generation % 2) * (uint64_t)EXTREE_SB_SIZE,
-            t->snap_gen_stored);
+            t->snap.gen_stored);
     }
-    for (guint i = 0; i < t->snaps->len; i++) {
-        const ExtreeSnap *sn = &g_array_index(t->snaps, ExtreeSnap, i);
+    for (guint i = 0; i < t->snap.list->len; i++) {
+        const ExtreeSnap *sn = &g_array_index(t->snap.list, ExtreeSnap, i);
         ExtreeNodeExpect e = {
             .owner = EXTREE_TREE_EXTENT, .level = sn->level,
             .generation = sn->root_gen, .key_end = UINT64_MAX,
@@ -467,7 +467,7 @@ static void check_snapshots(CheckCtx *c)
             say(c, "corrupt snapshot table at offset 0x%" PRIx64 ": "
                 "snapshot '%s' has extent_count %" PRIu64 " extent_bytes "
                 "0x%" PRIx64 ", its tree %" PRIu64 " and 0x%" PRIx64,
-                t->snap_table, sn->id, sn->extent_count, sn->extent_bytes,
+                t->snap.table, sn->id, sn->extent_count, sn->extent_bytes,
                 items, bytes);
         }
     }
@@ -750,9 +750,9 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
     }
     if (c->snapgen_bad) {
         /* "-r all": the value open raised it to (check_snap_gen()) */
-        t->snap_gen_bad = false;
+        t->snap.gen_bad = false;
         t->super_dirty = true;
-        say(c, "snap_generation set to %" PRIu64, t->snap_gen);
+        say(c, "snap_generation set to %" PRIu64, t->snap.gen);
         fixed++;
     }
     if (c->bitmaps_bad) {
@@ -832,7 +832,7 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
     int ret = 0;
 
     memset(res, 0, sizeof(*res));
-    t->check_clean_gen = 0;
+    t->chk.clean_gen = 0;
     if (t->space.alloc_partial) {
         /* repairs need all free space; damage found leaves none loaded */
         extree_freetree_load_rest(t);
@@ -874,12 +874,12 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
         check_snapshots(&c);
         check_counts(&c);
     }
-    if (t->root_bytes_bad) {
+    if (t->chk.root_bytes_bad) {
         count(&c, false);
         say(&c, "corrupt extent tree node at offset 0x%" PRIx64 ": subtree "
             "bytes mismatch, have 0x%" PRIx64 " expect 0x%" PRIx64
             " (superblock's extent_bytes)", t->trees[EXTREE_TREE_EXTENT].root,
-            t->trees[EXTREE_TREE_EXTENT].total, t->root_bytes_want);
+            t->trees[EXTREE_TREE_EXTENT].total, t->chk.root_bytes_want);
     }
     if (res->extents != t->trees[EXTREE_TREE_EXTENT].nitems) {
         res->corruptions++;
@@ -919,7 +919,7 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
     }
     if (ret == 0 && res->corruptions == res->repaired_corruptions &&
         !extree_is_dirty(t)) {
-        t->check_clean_gen = t->generation;
+        t->chk.clean_gen = t->generation;
     }
 
     for (int l = 0; l < EXTREE_MAX_LEVELS; l++) {

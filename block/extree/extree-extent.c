@@ -79,13 +79,13 @@ static bool range_ok(Extree *t, uint64_t guest, uint64_t bytes)
  */
 static int probe_snap_roots(Extree *t)
 {
-    for (unsigned i = 0; t->snaps && i < t->snaps->len; i++) {
+    for (unsigned i = 0; t->snap.list && i < t->snap.list->len; i++) {
         ExtreeNodeExpect e;
         ExtreeNode *root;
         ExtreeTree tree;
         int ret;
 
-        extree_snap_tree(t, &g_array_index(t->snaps, ExtreeSnap, i), &tree);
+        extree_snap_tree(t, &g_array_index(t->snap.list, ExtreeSnap, i), &tree);
         extree_tree_expect(t, &tree, &e);
         ret = extree_node_get(t, tree.root, &e, &root);
         if (ret < 0) {
@@ -128,11 +128,11 @@ int extree_probe_end(Extree *t)
         for (uint32_t o = EXTREE_TREE_EXTENT; o <= last && ret == 0; o++) {
             ret = extree_bt_read_all(t, &t->trees[o], seen);
         }
-        for (unsigned i = 0; ret == 0 && t->snaps && i < t->snaps->len;
+        for (unsigned i = 0; ret == 0 && t->snap.list && i < t->snap.list->len;
              i++) {
             ExtreeTree tree;
 
-            extree_snap_tree(t, &g_array_index(t->snaps, ExtreeSnap, i),
+            extree_snap_tree(t, &g_array_index(t->snap.list, ExtreeSnap, i),
                              &tree);
             ret = extree_bt_read_all(t, &tree, seen);
         }
@@ -184,7 +184,8 @@ static int drop_data(Extree *t, uint64_t start, uint64_t len)
 static int drop_live_data(Extree *t, uint64_t guest, uint64_t host,
                           uint64_t len)
 {
-    if (t->snaps && t->snaps->len && !extree_refs_all_shared(t, host, len)) {
+    if (t->snap.list && t->snap.list->len &&
+        !extree_refs_all_shared(t, host, len)) {
         int ret = snapshots_use(t, guest, len, host);
 
         if (ret < 0) {
@@ -204,8 +205,9 @@ static int drop_live_compressed(Extree *t, const ExtreeItem *it)
     uint64_t hbytes = extree_item_host_bytes(it, t->block_size);
     bool counted = extree_refs_all_shared(t, it->host, hbytes);
 
-    for (unsigned i = 0; !counted && t->snaps && i < t->snaps->len; i++) {
-        const ExtreeSnap *sn = &g_array_index(t->snaps, ExtreeSnap, i);
+    for (unsigned i = 0; !counted && t->snap.list && i < t->snap.list->len;
+         i++) {
+        const ExtreeSnap *sn = &g_array_index(t->snap.list, ExtreeSnap, i);
         ExtreeTree tree;
         ExtreeProbe pr = { .tree = &tree };
         ExtreeNode *leaf;
@@ -661,8 +663,9 @@ static int snapshots_use(Extree *t, uint64_t guest, uint64_t bytes,
 {
     int ret = 0;
 
-    for (unsigned i = 0; t->snaps && i < t->snaps->len && ret == 0; i++) {
-        const ExtreeSnap *sn = &g_array_index(t->snaps, ExtreeSnap, i);
+    for (unsigned i = 0; t->snap.list && i < t->snap.list->len && ret == 0;
+         i++) {
+        const ExtreeSnap *sn = &g_array_index(t->snap.list, ExtreeSnap, i);
         ExtreeTree tree;
         ExtreeProbe pr = { .tree = &tree };
         uint64_t pos = guest, end = guest + bytes, found, flen;
@@ -699,8 +702,9 @@ int extree_extent_node_unshared(Extree *t, ExtreeNode *n)
 {
     int ret = 0;
 
-    for (unsigned i = 0; t->snaps && i < t->snaps->len && ret == 0; i++) {
-        const ExtreeSnap *sn = &g_array_index(t->snaps, ExtreeSnap, i);
+    for (unsigned i = 0; t->snap.list && i < t->snap.list->len && ret == 0;
+         i++) {
+        const ExtreeSnap *sn = &g_array_index(t->snap.list, ExtreeSnap, i);
         ExtreeTree tree;
         ExtreeProbe pr = { .tree = &tree };
         bool reaches;
@@ -751,7 +755,7 @@ int extree_data_shared(Extree *t, uint64_t guest, uint64_t bytes,
         }
         leaf = p.nodes[0];
         nr = node_nritems(leaf);
-        if (node_gen(leaf) < t->snap_gen) {
+        if (node_gen(leaf) < t->snap.gen) {
             for (int l = 0; l <= (int)tree->level && !*shared; l++) {
                 uint32_t count;
 
@@ -940,7 +944,7 @@ static int cursor_seek(ExtreeCursor *c, uint64_t guest)
     int slot, nr, ret;
 
     if (c->valid && c->seq == t->seq && guest >= c->pos &&
-        (!t->nowait || guest == c->pos)) {
+        (!t->nc.nowait || guest == c->pos)) {
         for (int hops = 0; ; hops++) {
             n = c->path.nodes[0];
             nr = node_nritems(n);
@@ -1211,9 +1215,9 @@ int extree_cursor_query_nowait(ExtreeCursor *c, uint64_t guest,
     if (ret == 0) {
         return 0;
     }
-    c->t->nowait = true;
+    c->t->nc.nowait = true;
     ret = cursor_query_slow(c, guest, limit, coalesce, run);
-    c->t->nowait = false;
+    c->t->nc.nowait = false;
     return ret;
 }
 

@@ -106,7 +106,7 @@ typedef struct ExtreeNode {
     uint64_t bytenr;            /* hash key: where it lives on disk */
     uint8_t *buf;               /* node_size bytes, on-disk image */
     /*
-     * One list at a time: t->lru (clean, unpinned) or t->dirty (dirty) or
+     * One list at a time: t->nc.lru (clean, unpinned) or t->nc.dirty (dirty) or
      * none (clean and pinned)
      */
     struct ExtreeNode *prev, *next;
@@ -559,6 +559,124 @@ typedef struct ExtreeSpace {
     GArray *reflog;
 } ExtreeSpace;
 
+/*
+ * The node cache (extree-node.c; reads and writes through it in
+ * extree-node-io.c): O(1) lookup by bytenr, intrusive LRU of clean
+ * unpinned nodes; dirty nodes stay until commit
+ */
+typedef struct ExtreeCache {
+    GHashTable *map;
+    ExtreeNode lru;             /* list head; lru.next is the oldest */
+    ExtreeNode dirty;           /* list head */
+    uint64_t ncached, ndirty;
+    uint64_t limit;             /* nodes */
+    uint64_t dirty_limit;       /* nodes */
+    /*
+     * Node buffers: carved from slabs (EXT_SLAB_SIZE), recycled through
+     * spare_bufs (CoW allocates and frees one per copy), freed at close
+     */
+    GPtrArray *spare_bufs;
+    GPtrArray *slabs;
+    uint8_t *slab_next;
+    size_t slab_left;           /* buffers left in the newest slab */
+    uint8_t *bounce;            /* commit: consecutive nodes, one write */
+    /*
+     * No-wait queries (extree_cursor_query_nowait()): while @nowait, a
+     * node miss fails with -EWOULDBLOCK instead of reading, and records
+     * the node in @missing (0: a forward walk's leaf, left to the blocking
+     * query and its readahead).  @walk_miss: the miss at hand is one.
+     */
+    bool nowait, walk_miss;
+    uint64_t missing;
+    /*
+     * Node images the caller read for a no-wait query
+     * (extree_node_prefetch()), taken by the next miss of their location;
+     * a ring, @prefetch_next the oldest slot, buf NULL when empty.  All
+     * dropped, and @prefetch_epoch bumped, at every commit (extree-node.c
+     * says why that keeps them from going stale).
+     */
+    struct {
+        uint64_t bytenr;
+        uint8_t *buf;
+    } prefetch[EXTREE_PREFETCH_MAX];
+    unsigned prefetch_next, nprefetch;
+    uint64_t prefetch_epoch;
+} ExtreeCache;
+
+/* Snapshots (EXTREE_INCOMPAT_SNAPSHOTS; extree-snap.c, extree-snaptab.c) */
+typedef struct ExtreeSnaps {
+    /*
+     * The table (ExtreeSnap), where the committed one lies, and whether
+     * this transaction changed it.  Nodes of generation >= @gen have one
+     * reference (spec: Sharing).
+     */
+    GArray *list;
+    uint64_t table, table_len;
+    bool dirty;
+    uint64_t gen;
+    /*
+     * The superblock's snap_generation is not above every snapshot's
+     * generation (@gen_stored): shared nodes would look unshared.  Only a
+     * read-only or checker's handle opens so, with @gen raised to the
+     * running transaction's; the checker reports it and "-r all" commits
+     * the raised value.
+     */
+    bool gen_bad;
+    uint64_t gen_stored;
+} ExtreeSnaps;
+
+/* Persistent dirty bitmaps (EXTREE_INCOMPAT_BITMAPS, extree-bitmap.c) */
+typedef struct ExtreeBitmaps {
+    /*
+     * The ExtreeBitmap pointers, in directory order; where the committed
+     * directory lies (@dir_len bytes in use); whether this transaction
+     * writes a new one; how many bitmaps are enabled; the guest ranges
+     * this transaction changed (ExtreeRange: start, len), marked in the
+     * enabled bitmaps, for extree_bitmap_sync()
+     */
+    GPtrArray *list;
+    uint64_t dir;
+    uint32_t dir_len;
+    bool dirty;
+    unsigned enabled;
+    GArray *marks;
+    /* extree_bitmaps_keep_marks(): commits keep @marks */
+    bool marks_kept;
+    /*
+     * Writes refused in place only because the marks they need are not
+     * committed yet (extree_bitmaps_in_place()): they go to new space, as
+     * would later ones to the same granules until a commit, so enough of
+     * them ask for one (EXTREE_BITMAP_COMMIT_HELD).  A write that is the
+     * first to its granule does not: a commit would not let it in.
+     */
+    uint64_t held;
+    /*
+     * Chunks this transaction changed (each takes a new block at the
+     * commit, as the directory does): counted in what a commit needs
+     * (extree_alloc_nodes_estimate())
+     */
+    uint64_t chunks_changed;
+    /*
+     * A checker's handle: what was wrong with the bitmaps it left out
+     * (extree_bitmaps_load()), NULL if nothing
+     */
+    char *bad;
+    /* ExtreeOpenOptions.bitmap_max_bytes, the default filled in */
+    uint64_t max_bytes;
+} ExtreeBitmaps;
+
+/* What a checker's handle found at open (extree-check.c) */
+typedef struct ExtreeCheckState {
+    /*
+     * The extent tree root's item lengths disagree with the superblock's
+     * extent_bytes (opened for the checker only): @root_bytes_want
+     */
+    bool root_bytes_bad;
+    uint64_t root_bytes_want;
+    /* generation checked without unrepaired corruption, 0 if none */
+    uint64_t clean_gen;
+} ExtreeCheckState;
+
 struct Extree {
     ExtreeBackend *be;
     bool read_only;
@@ -602,8 +720,6 @@ struct Extree {
      * handed out
      */
     bool end_probed;
-    /* ExtreeOpenOptions.bitmap_max_bytes, the default filled in */
-    uint64_t bitmap_max_bytes;
     /* extree_rollback() dropped a transaction (extree_changes_lost()) */
     bool changes_lost;
     uint64_t generation;        /* last committed superblock */
@@ -625,26 +741,9 @@ struct Extree {
     ExtreeTree trees[EXT_NTREES];
     struct ExtreeSuper *csb;    /* last committed superblock */
 
-    /*
-     * Node cache: O(1) lookup by bytenr, intrusive LRU of clean unpinned
-     * nodes; dirty nodes stay until commit
-     */
-    GHashTable *cache;
-    ExtreeNode lru;             /* list head; lru.next is the oldest */
-    ExtreeNode dirty;           /* list head */
-    uint64_t ncached, ndirty;
-    uint64_t cache_limit;       /* nodes */
-    uint64_t dirty_limit;       /* nodes */
+    ExtreeCache nc;             /* the node cache */
+
     uint64_t seq;               /* bumped by every tree change */
-    /*
-     * Node buffers: carved from slabs (EXT_SLAB_SIZE), recycled through
-     * spare_bufs (CoW allocates and frees one per copy), freed at close
-     */
-    GPtrArray *spare_bufs;
-    GPtrArray *slabs;
-    uint8_t *slab_next;
-    size_t slab_left;           /* buffers left in the newest slab */
-    uint8_t *bounce;            /* commit: consecutive nodes, one write */
     /*
      * The B+tree allocates and frees nodes here (the allocator's map, set
      * at open and create)
@@ -671,91 +770,12 @@ struct Extree {
      */
     ExtreeSpace space;
 
-    /*
-     * The extent tree root's item lengths disagree with the superblock's
-     * extent_bytes (opened for the checker only): @root_bytes_want
-     */
-    bool root_bytes_bad;
-    uint64_t root_bytes_want;
-    /* generation checked without unrepaired corruption, 0 if none */
-    uint64_t check_clean_gen;
     char *open_warning;
 
-    /*
-     * No-wait queries (extree_cursor_query_nowait()): while @nowait, a
-     * node miss fails with -EWOULDBLOCK instead of reading, and records
-     * the node in @missing (0: a forward walk's leaf, left to the blocking
-     * query and its readahead).  @walk_miss: the miss at hand is one.
-     */
-    bool nowait, walk_miss;
-    uint64_t missing;
-    /*
-     * Node images the caller read for a no-wait query
-     * (extree_node_prefetch()), taken by the next miss of their location;
-     * a ring, @prefetch_next the oldest slot, buf NULL when empty.  All
-     * dropped, and @prefetch_epoch bumped, at every commit (extree-node.c
-     * says why that keeps them from going stale).
-     */
-    struct {
-        uint64_t bytenr;
-        uint8_t *buf;
-    } prefetch[EXTREE_PREFETCH_MAX];
-    unsigned prefetch_next, nprefetch;
-    uint64_t prefetch_epoch;
+    ExtreeSnaps snap;           /* snapshots */
+    ExtreeBitmaps bm;           /* persistent dirty bitmaps */
+    ExtreeCheckState chk;       /* what a checker's handle found at open */
 
-    /*
-     * Snapshots (EXTREE_INCOMPAT_SNAPSHOTS): the table (ExtreeSnap), where
-     * the committed one lies, and whether this transaction changed it.
-     * Nodes of generation >= @snap_gen have one reference (spec: Sharing).
-     */
-    GArray *snaps;
-    uint64_t snap_table, snap_table_len;
-    bool snaps_dirty;
-    uint64_t snap_gen;
-    /*
-     * Persistent dirty bitmaps (EXTREE_INCOMPAT_BITMAPS, extree-bitmap.c):
-     * the ExtreeBitmap pointers, in directory order; where the committed
-     * directory lies (@bitmap_dir_len bytes in use); whether this
-     * transaction writes a new one; how many bitmaps are enabled; the
-     * guest ranges this transaction changed (ExtreeRange: start, len),
-     * marked in the enabled bitmaps, for extree_bitmap_sync()
-     */
-    GPtrArray *bitmaps;
-    uint64_t bitmap_dir;
-    uint32_t bitmap_dir_len;
-    bool bitmaps_dirty;
-    unsigned bitmaps_enabled;
-    GArray *bitmap_marks;
-    /* extree_bitmaps_keep_marks(): commits keep @bitmap_marks */
-    bool bitmap_marks_kept;
-    /*
-     * Writes refused in place only because the marks they need are not
-     * committed yet (extree_bitmaps_in_place()): they go to new space, as
-     * would later ones to the same granules until a commit, so enough of
-     * them ask for one (EXTREE_BITMAP_COMMIT_HELD).  A write that is the
-     * first to its granule does not: a commit would not let it in.
-     */
-    uint64_t bitmap_held;
-    /*
-     * Chunks this transaction changed (each takes a new block at the
-     * commit, as the directory does): counted in what a commit needs
-     * (extree_alloc_nodes_estimate())
-     */
-    uint64_t bitmap_chunks_changed;
-    /*
-     * A checker's handle: what was wrong with the bitmaps it left out
-     * (extree_bitmaps_load()), NULL if nothing
-     */
-    char *bitmaps_bad;
-    /*
-     * The superblock's snap_generation is not above every snapshot's
-     * generation (@snap_gen_stored): shared nodes would look unshared.
-     * Only a read-only or checker's handle opens so, with @snap_gen
-     * raised to the running transaction's; the checker reports it and
-     * "-r all" commits the raised value.
-     */
-    bool snap_gen_bad;
-    uint64_t snap_gen_stored;
     /*
      * Read-only view of a snapshot (extree_snapshot_load_tmp()): -1, or
      * the index whose tree t->trees[EXTREE_TREE_EXTENT] is

@@ -44,8 +44,8 @@ int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
                               t->data_start, t->sb_host_end);
     }
     buf = extree_prefetch_take(t, bytenr);
-    if (!buf && t->nowait) {
-        t->missing = t->walk_miss ? 0 : bytenr;
+    if (!buf && t->nc.nowait) {
+        t->nc.missing = t->nc.walk_miss ? 0 : bytenr;
         return -EWOULDBLOCK;
     }
     t->stats.cache_misses++;
@@ -113,7 +113,7 @@ void extree_node_readahead(Extree *t, int n, const uint64_t *bytenr,
     int k = 0;
 
     n = MIN(n, EXTREE_READAHEAD_MAX);
-    n = MIN((uint64_t)n, t->cache_limit / 4);
+    n = MIN((uint64_t)n, t->nc.limit / 4);
     if (!t->be->ops->pread_many || n < 2) {
         return;
     }
@@ -271,16 +271,16 @@ int extree_node_write_dirty(Extree *t)
              * kept for the next commit: fresh memory for each commit
              * costs page faults
              */
-            if (!t->bounce) {
-                t->bounce = g_malloc((size_t)batch * t->node_size);
+            if (!t->nc.bounce) {
+                t->nc.bounce = g_malloc((size_t)batch * t->node_size);
             }
             for (guint k = i; k < j; k++) {
                 ExtreeNode *n = arr->pdata[k];
                 extree_node_finish(t, n->buf);
-                memcpy(t->bounce + (size_t)(k - i) * t->node_size, n->buf,
+                memcpy(t->nc.bounce + (size_t)(k - i) * t->node_size, n->buf,
                        t->node_size);
             }
-            ret = t->be->ops->pwrite(t->be->opaque, first->bytenr, t->bounce,
+            ret = t->be->ops->pwrite(t->be->opaque, first->bytenr, t->nc.bounce,
                                      (uint64_t)(j - i) * t->node_size);
         }
         if (ret == 0) {

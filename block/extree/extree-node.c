@@ -101,12 +101,12 @@ static uint8_t *buf_alloc(Extree *t)
 {
     uint8_t *buf;
 
-    if (t->spare_bufs->len) {
-        return g_ptr_array_steal_index_fast(t->spare_bufs,
-                                            t->spare_bufs->len - 1);
+    if (t->nc.spare_bufs->len) {
+        return g_ptr_array_steal_index_fast(t->nc.spare_bufs,
+                                            t->nc.spare_bufs->len - 1);
     }
-    if (!t->slab_left) {
-        size_t size = slab_size(t, t->slabs->len);
+    if (!t->nc.slab_left) {
+        size_t size = slab_size(t, t->nc.slabs->len);
         void *slab;
 
 #ifdef MAP_POPULATE
@@ -119,29 +119,29 @@ static uint8_t *buf_alloc(Extree *t)
 #else
         slab = g_malloc(size);
 #endif
-        g_ptr_array_add(t->slabs, slab);
-        t->slab_next = slab;
-        t->slab_left = size / t->node_size;
+        g_ptr_array_add(t->nc.slabs, slab);
+        t->nc.slab_next = slab;
+        t->nc.slab_left = size / t->node_size;
     }
-    buf = t->slab_next;
-    t->slab_next += t->node_size;
-    t->slab_left--;
+    buf = t->nc.slab_next;
+    t->nc.slab_next += t->node_size;
+    t->nc.slab_left--;
     return buf;
 }
 
 void extree_cache_init(Extree *t)
 {
-    t->spare_bufs = g_ptr_array_new();
-    t->slabs = g_ptr_array_new();
-    t->slab_left = 0;
-    t->cache = g_hash_table_new(g_int64_hash, g_int64_equal);
-    list_init(&t->lru);
-    list_init(&t->dirty);
+    t->nc.spare_bufs = g_ptr_array_new();
+    t->nc.slabs = g_ptr_array_new();
+    t->nc.slab_left = 0;
+    t->nc.map = g_hash_table_new(g_int64_hash, g_int64_equal);
+    list_init(&t->nc.lru);
+    list_init(&t->nc.dirty);
 }
 
 void extree_cache_node_free(Extree *t, ExtreeNode *n)
 {
-    g_ptr_array_add(t->spare_bufs, n->buf);
+    g_ptr_array_add(t->nc.spare_bufs, n->buf);
     g_free(n);
 }
 
@@ -150,48 +150,48 @@ void extree_cache_destroy(Extree *t)
     GHashTableIter it;
     gpointer key, value;
 
-    if (!t->cache) {
+    if (!t->nc.map) {
         return;
     }
     extree_prefetch_drop_all(t);
-    g_hash_table_iter_init(&it, t->cache);
+    g_hash_table_iter_init(&it, t->nc.map);
     while (g_hash_table_iter_next(&it, &key, &value)) {
         g_free(value);
     }
-    g_hash_table_destroy(t->cache);
-    t->cache = NULL;
-    g_ptr_array_free(t->spare_bufs, true);
-    t->spare_bufs = NULL;
-    for (unsigned i = 0; i < t->slabs->len; i++) {
+    g_hash_table_destroy(t->nc.map);
+    t->nc.map = NULL;
+    g_ptr_array_free(t->nc.spare_bufs, true);
+    t->nc.spare_bufs = NULL;
+    for (unsigned i = 0; i < t->nc.slabs->len; i++) {
 #ifdef MAP_POPULATE
-        munmap(t->slabs->pdata[i], slab_size(t, i));
+        munmap(t->nc.slabs->pdata[i], slab_size(t, i));
 #else
-        g_free(t->slabs->pdata[i]);
+        g_free(t->nc.slabs->pdata[i]);
 #endif
     }
-    g_ptr_array_free(t->slabs, true);
-    t->slabs = NULL;
-    g_free(t->bounce);
-    t->bounce = NULL;
+    g_ptr_array_free(t->nc.slabs, true);
+    t->nc.slabs = NULL;
+    g_free(t->nc.bounce);
+    t->nc.bounce = NULL;
 }
 
 static void cache_remove(Extree *t, ExtreeNode *n)
 {
-    g_hash_table_remove(t->cache, &n->bytenr);
-    t->ncached--;
+    g_hash_table_remove(t->nc.map, &n->bytenr);
+    t->nc.ncached--;
     if (n->list != EXT_LIST_NONE) {
         list_del(n);
     }
     if (n->dirty) {
         n->dirty = false;
-        t->ndirty--;
+        t->nc.ndirty--;
     }
 }
 
 void extree_cache_shrink(Extree *t)
 {
-    while (t->ncached > t->cache_limit && t->lru.next != &t->lru) {
-        ExtreeNode *n = t->lru.next;
+    while (t->nc.ncached > t->nc.limit && t->nc.lru.next != &t->nc.lru) {
+        ExtreeNode *n = t->nc.lru.next;
         cache_remove(t, n);
         extree_cache_node_free(t, n);
         t->stats.evictions++;
@@ -201,7 +201,7 @@ void extree_cache_shrink(Extree *t)
 /* The cached node at @bytenr (not pinned), NULL if none */
 ExtreeNode *extree_cache_lookup(Extree *t, uint64_t bytenr)
 {
-    return g_hash_table_lookup(t->cache, &bytenr);
+    return g_hash_table_lookup(t->nc.map, &bytenr);
 }
 
 /*
@@ -224,21 +224,21 @@ ExtreeNode *extree_cache_node_alloc(Extree *t, uint64_t bytenr, uint8_t *buf)
 void extree_cache_insert(Extree *t, ExtreeNode *n, bool pinned)
 {
     n->bytes = extree_node_subtree_bytes(n);
-    g_hash_table_insert(t->cache, &n->bytenr, n);
-    t->ncached++;
+    g_hash_table_insert(t->nc.map, &n->bytenr, n);
+    t->nc.ncached++;
     if (pinned) {
         n->refcnt = 1;
     } else {
-        list_add_tail(&t->lru, n, EXT_LIST_LRU);
+        list_add_tail(&t->nc.lru, n, EXT_LIST_LRU);
     }
 }
 
 /* The dirty nodes, each pinned (the caller unrefs them) */
 GPtrArray *extree_cache_dirty_pinned(Extree *t)
 {
-    GPtrArray *arr = g_ptr_array_sized_new(t->ndirty);
+    GPtrArray *arr = g_ptr_array_sized_new(t->nc.ndirty);
 
-    for (ExtreeNode *n = t->dirty.next; n != &t->dirty; n = n->next) {
+    for (ExtreeNode *n = t->nc.dirty.next; n != &t->nc.dirty; n = n->next) {
         extree_node_ref(n);
         g_ptr_array_add(arr, n);
     }
@@ -266,8 +266,8 @@ void extree_node_unref(Extree *t, ExtreeNode *n)
     if (n->orphan) {
         extree_cache_node_free(t, n);
     } else if (!n->dirty) {
-        list_add_tail(&t->lru, n, EXT_LIST_LRU);
-        if (t->ncached > t->cache_limit) {
+        list_add_tail(&t->nc.lru, n, EXT_LIST_LRU);
+        if (t->nc.ncached > t->nc.limit) {
             extree_cache_shrink(t);
         }
     }
@@ -292,11 +292,11 @@ void extree_node_drop(Extree *t, ExtreeNode *n)
  */
 void extree_cache_forget(Extree *t)
 {
-    GPtrArray *all = g_ptr_array_sized_new(t->ncached);
+    GPtrArray *all = g_ptr_array_sized_new(t->nc.ncached);
     GHashTableIter it;
     gpointer key, value;
 
-    g_hash_table_iter_init(&it, t->cache);
+    g_hash_table_iter_init(&it, t->nc.map);
     while (g_hash_table_iter_next(&it, &key, &value)) {
         g_ptr_array_add(all, value);
     }
@@ -326,11 +326,11 @@ void extree_cache_forget(Extree *t)
 
 static int prefetch_find(Extree *t, uint64_t bytenr)
 {
-    if (!t->nprefetch) {
+    if (!t->nc.nprefetch) {
         return -1;
     }
     for (int i = 0; i < EXTREE_PREFETCH_MAX; i++) {
-        if (t->prefetch[i].buf && t->prefetch[i].bytenr == bytenr) {
+        if (t->nc.prefetch[i].buf && t->nc.prefetch[i].bytenr == bytenr) {
             return i;
         }
     }
@@ -346,9 +346,9 @@ uint8_t *extree_prefetch_take(Extree *t, uint64_t bytenr)
     if (i < 0) {
         return NULL;
     }
-    buf = t->prefetch[i].buf;
-    t->prefetch[i].buf = NULL;
-    t->nprefetch--;
+    buf = t->nc.prefetch[i].buf;
+    t->nc.prefetch[i].buf = NULL;
+    t->nc.nprefetch--;
     return buf;
 }
 
@@ -357,47 +357,47 @@ static void prefetch_drop(Extree *t, uint64_t bytenr)
     uint8_t *buf = extree_prefetch_take(t, bytenr);
 
     if (buf) {
-        g_ptr_array_add(t->spare_bufs, buf);
+        g_ptr_array_add(t->nc.spare_bufs, buf);
     }
 }
 
 /* At commit and close: no image survives a commit */
 void extree_prefetch_drop_all(Extree *t)
 {
-    for (int i = 0; i < EXTREE_PREFETCH_MAX && t->nprefetch; i++) {
-        if (t->prefetch[i].buf) {
-            g_ptr_array_add(t->spare_bufs, t->prefetch[i].buf);
-            t->prefetch[i].buf = NULL;
-            t->nprefetch--;
+    for (int i = 0; i < EXTREE_PREFETCH_MAX && t->nc.nprefetch; i++) {
+        if (t->nc.prefetch[i].buf) {
+            g_ptr_array_add(t->nc.spare_bufs, t->nc.prefetch[i].buf);
+            t->nc.prefetch[i].buf = NULL;
+            t->nc.nprefetch--;
         }
     }
-    t->prefetch_epoch++;
+    t->nc.prefetch_epoch++;
 }
 
 void extree_node_prefetch(Extree *t, uint64_t bytenr, uint64_t epoch,
                           const void *buf)
 {
-    unsigned i = t->prefetch_next;
+    unsigned i = t->nc.prefetch_next;
 
-    if (epoch != t->prefetch_epoch || extree_node_cached(t, bytenr) ||
+    if (epoch != t->nc.prefetch_epoch || extree_node_cached(t, bytenr) ||
         prefetch_find(t, bytenr) >= 0) {
         return;
     }
-    if (t->prefetch[i].buf) {
-        g_ptr_array_add(t->spare_bufs, t->prefetch[i].buf);
-        t->nprefetch--;
+    if (t->nc.prefetch[i].buf) {
+        g_ptr_array_add(t->nc.spare_bufs, t->nc.prefetch[i].buf);
+        t->nc.nprefetch--;
     }
-    t->prefetch[i].bytenr = bytenr;
-    t->prefetch[i].buf = buf_alloc(t);
-    memcpy(t->prefetch[i].buf, buf, t->node_size);
-    t->nprefetch++;
-    t->prefetch_next = (i + 1) % EXTREE_PREFETCH_MAX;
+    t->nc.prefetch[i].bytenr = bytenr;
+    t->nc.prefetch[i].buf = buf_alloc(t);
+    memcpy(t->nc.prefetch[i].buf, buf, t->node_size);
+    t->nc.nprefetch++;
+    t->nc.prefetch_next = (i + 1) % EXTREE_PREFETCH_MAX;
 }
 
 uint64_t extree_missing_node(const Extree *t, uint64_t *epoch)
 {
-    *epoch = t->prefetch_epoch;
-    return t->missing;
+    *epoch = t->nc.prefetch_epoch;
+    return t->nc.missing;
 }
 
 /*
@@ -413,7 +413,7 @@ int extree_node_new_copy(Extree *t, uint64_t bytenr, uint32_t owner,
                          unsigned level, const ExtreeNode *src,
                          ExtreeNode **out)
 {
-    ExtreeNode *n, *old = g_hash_table_lookup(t->cache, &bytenr);
+    ExtreeNode *n, *old = g_hash_table_lookup(t->nc.map, &bytenr);
     size_t used = EXTREE_NODE_HEADER_SIZE;
 
     *out = NULL;
@@ -451,10 +451,10 @@ int extree_node_new_copy(Extree *t, uint64_t bytenr, uint32_t owner,
     n->buf[EXT_NH_LEVEL] = level;
     n->refcnt = 1;
     n->dirty = true;
-    list_add_tail(&t->dirty, n, EXT_LIST_DIRTY);
-    g_hash_table_insert(t->cache, &n->bytenr, n);
-    t->ncached++;
-    t->ndirty++;
+    list_add_tail(&t->nc.dirty, n, EXT_LIST_DIRTY);
+    g_hash_table_insert(t->nc.map, &n->bytenr, n);
+    t->nc.ncached++;
+    t->nc.ndirty++;
     t->seq++;
     *out = n;
     return 0;
@@ -487,12 +487,12 @@ uint64_t extree_node_subtree_bytes(const ExtreeNode *n)
 
 bool extree_node_cached(Extree *t, uint64_t bytenr)
 {
-    return g_hash_table_lookup(t->cache, &bytenr) != NULL;
+    return g_hash_table_lookup(t->nc.map, &bytenr) != NULL;
 }
 
 bool extree_node_is_dirty(Extree *t, uint64_t bytenr)
 {
-    ExtreeNode *n = g_hash_table_lookup(t->cache, &bytenr);
+    ExtreeNode *n = g_hash_table_lookup(t->nc.map, &bytenr);
 
     return n && n->dirty;
 }
@@ -501,14 +501,14 @@ bool extree_node_is_dirty(Extree *t, uint64_t bytenr)
 /* Commit step 7: dirty nodes are now committed, clean and evictable */
 void extree_node_commit_done(Extree *t)
 {
-    while (t->dirty.next != &t->dirty) {
-        ExtreeNode *n = t->dirty.next;
+    while (t->nc.dirty.next != &t->nc.dirty) {
+        ExtreeNode *n = t->nc.dirty.next;
         list_del(n);
         n->dirty = false;
         n->bytes = extree_node_subtree_bytes(n);
-        t->ndirty--;
+        t->nc.ndirty--;
         if (n->refcnt == 0) {
-            list_add_tail(&t->lru, n, EXT_LIST_LRU);
+            list_add_tail(&t->nc.lru, n, EXT_LIST_LRU);
         }
     }
     extree_prefetch_drop_all(t);

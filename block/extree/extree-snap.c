@@ -17,7 +17,7 @@
 
 unsigned extree_snapshot_count(const Extree *t)
 {
-    return t->snaps ? t->snaps->len : 0;
+    return t->snap.list ? t->snap.list->len : 0;
 }
 
 uint64_t extree_snapshot_table_bytes(const Extree *t, unsigned count)
@@ -47,14 +47,14 @@ int extree_snapshot_get(const Extree *t, unsigned index,
     if (index >= extree_snapshot_count(t)) {
         return -ENOENT;
     }
-    info_from_snap(&g_array_index(t->snaps, ExtreeSnap, index), info);
+    info_from_snap(&g_array_index(t->snap.list, ExtreeSnap, index), info);
     return 0;
 }
 
 static int find_id(const Extree *t, const char *id)
 {
     for (unsigned i = 0; i < extree_snapshot_count(t); i++) {
-        if (!strcmp(g_array_index(t->snaps, ExtreeSnap, i).id, id)) {
+        if (!strcmp(g_array_index(t->snap.list, ExtreeSnap, i).id, id)) {
             return i;
         }
     }
@@ -69,7 +69,7 @@ int extree_snapshot_find(const Extree *t, const char *id_or_name)
         return i;
     }
     for (unsigned k = 0; k < extree_snapshot_count(t); k++) {
-        if (!strcmp(g_array_index(t->snaps, ExtreeSnap, k).name,
+        if (!strcmp(g_array_index(t->snap.list, ExtreeSnap, k).name,
                     id_or_name)) {
             return k;
         }
@@ -229,8 +229,8 @@ int extree_snapshot_create(Extree *t, ExtreeSnapshotInfo *info)
     /* the one metadata change: the root gains the snapshot's reference */
     ret = t->sm.ops->inc_ref(t->sm.opaque, et->root, t->node_size);
     if (ret == 0) {
-        g_array_append_val(t->snaps, sn);
-        t->snap_gen = t->trans_gen;
+        g_array_append_val(t->snap.list, sn);
+        t->snap.gen = t->trans_gen;
         ret = extree_snap_table_moved(t);
     }
     ret = finish(t, ret);
@@ -271,12 +271,12 @@ static int snap_root_check(Extree *t, const ExtreeSnap *sn)
     }
     if (n->bytes != sn->extent_bytes ||
         (node_level(n) == 0 && node_nritems(n) != sn->extent_count)) {
-        ret = extree_corrupt(t, t->snap_table, "corrupt snapshot table at "
+        ret = extree_corrupt(t, t->snap.table, "corrupt snapshot table at "
                              "offset 0x%" PRIx64 ": snapshot '%s' has "
                              "extent_count %" PRIu64 " extent_bytes 0x%"
                              PRIx64 ", its root at offset 0x%" PRIx64
                              " %s%u items mapping 0x%" PRIx64,
-                             t->snap_table, sn->id, sn->extent_count,
+                             t->snap.table, sn->id, sn->extent_count,
                              sn->extent_bytes, sn->root,
                              node_level(n) ? "has " : "is a leaf of ",
                              node_nritems(n), n->bytes);
@@ -312,7 +312,7 @@ static void keep_init(Extree *t, DropCtx *dc, unsigned skip, bool live)
     dc->guard.keep = g_new0(ExtreeProbe, extree_snapshot_count(t) + 1);
     for (unsigned i = 0; i < extree_snapshot_count(t); i++) {
         if (i != skip) {
-            extree_snap_tree(t, &g_array_index(t->snaps, ExtreeSnap, i),
+            extree_snap_tree(t, &g_array_index(t->snap.list, ExtreeSnap, i),
                              &dc->trees[n++]);
         }
     }
@@ -379,7 +379,7 @@ int extree_snapshot_goto(Extree *t, unsigned index)
     if (ret < 0) {
         return ret;
     }
-    sn = &g_array_index(t->snaps, ExtreeSnap, index);
+    sn = &g_array_index(t->snap.list, ExtreeSnap, index);
     ret = snap_root_check(t, sn);
     if (ret == 0) {
         ret = extree_bitmaps_resize_ok(t, sn->virtual_size);
@@ -398,7 +398,7 @@ int extree_snapshot_goto(Extree *t, unsigned index)
         t->virtual_size = sn->virtual_size;
         /* the whole disk may have changed: as if written */
         extree_bitmaps_mark(t, 0, t->virtual_size);
-        t->snap_gen = t->trans_gen;
+        t->snap.gen = t->trans_gen;
         t->super_dirty = true;
         /* every snapshot stays, the one reverted to among them */
         keep_init(t, &dc, UINT_MAX, false);
@@ -418,16 +418,16 @@ int extree_snapshot_delete(Extree *t, unsigned index)
     if (ret < 0) {
         return ret;
     }
-    ret = snap_root_check(t, &g_array_index(t->snaps, ExtreeSnap, index));
+    ret = snap_root_check(t, &g_array_index(t->snap.list, ExtreeSnap, index));
     if (ret < 0) {
         return ret;
     }
-    extree_snap_tree(t, &g_array_index(t->snaps, ExtreeSnap, index), &tree);
+    extree_snap_tree(t, &g_array_index(t->snap.list, ExtreeSnap, index), &tree);
     keep_init(t, &dc, index, true);
     ret = extree_bt_drop(t, &tree, extree_extent_release, t, &dc.guard);
     keep_destroy(&dc);
     if (ret == 0) {
-        g_array_remove_index(t->snaps, index);
+        g_array_remove_index(t->snap.list, index);
         ret = extree_snap_table_moved(t);
     }
     /* the live tree's path cache may hold nodes the drop freed */
@@ -447,7 +447,7 @@ int extree_snapshot_load_tmp(Extree *t, unsigned index)
     if (index >= extree_snapshot_count(t)) {
         return -ENOENT;
     }
-    sn = &g_array_index(t->snaps, ExtreeSnap, index);
+    sn = &g_array_index(t->snap.list, ExtreeSnap, index);
     ret = snap_root_check(t, sn);
     if (ret < 0) {
         return ret;

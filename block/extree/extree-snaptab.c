@@ -112,7 +112,7 @@ static uint32_t snap_table_csum(const uint8_t *buf, uint64_t len)
 /* The table as it is in memory, ready to write (extree_snap_table_bytes()) */
 uint8_t *extree_snap_table_encode(Extree *t, uint64_t *len)
 {
-    uint32_t n = t->snaps->len;
+    uint32_t n = t->snap.list->len;
     uint64_t used = sizeof(ExtreeDiskSnapHeader) +
                     (uint64_t)n * EXTREE_SNAP_ENTRY_SIZE;
     uint8_t *buf;
@@ -125,7 +125,7 @@ uint8_t *extree_snap_table_encode(Extree *t, uint64_t *len)
     for (uint32_t i = 0; i < n; i++) {
         snap_encode(buf + sizeof(ExtreeDiskSnapHeader) +
                     (size_t)i * EXTREE_SNAP_ENTRY_SIZE,
-                    &g_array_index(t->snaps, ExtreeSnap, i));
+                    &g_array_index(t->snap.list, ExtreeSnap, i));
     }
     ext_st32(buf + SH_OFF(csum), snap_table_csum(buf, used));
     return buf;
@@ -142,7 +142,7 @@ int extree_snap_table_load(Extree *t, const ExtreeSuper *sb)
     char *why = NULL;
     int ret;
 
-    t->snaps = g_array_new(false, false, sizeof(ExtreeSnap));
+    t->snap.list = g_array_new(false, false, sizeof(ExtreeSnap));
     if (!sb->snap_count) {
         return 0;
     }
@@ -174,8 +174,8 @@ int extree_snap_table_load(Extree *t, const ExtreeSuper *sb)
         why = snap_decode(t, buf + sizeof(ExtreeDiskSnapHeader) +
                           (size_t)i * EXTREE_SNAP_ENTRY_SIZE, &sn);
         if (!why) {
-            g_array_append_val(t->snaps, sn);
-            if (!g_hash_table_add(ids, g_array_index(t->snaps, ExtreeSnap,
+            g_array_append_val(t->snap.list, sn);
+            if (!g_hash_table_add(ids, g_array_index(t->snap.list, ExtreeSnap,
                                                      i).id)) {
                 why = g_strdup_printf("snapshot id '%s' used twice", sn.id);
             }
@@ -192,11 +192,11 @@ int extree_snap_table_load(Extree *t, const ExtreeSuper *sb)
         ret = extree_corrupt(t, sb->snap_table, "corrupt snapshot table at "
                              "offset 0x%" PRIx64 ": %s", sb->snap_table, why);
         g_free(why);
-        g_array_set_size(t->snaps, 0);
+        g_array_set_size(t->snap.list, 0);
         return ret;
     }
-    t->snap_table = sb->snap_table;
-    t->snap_table_len = len;
+    t->snap.table = sb->snap_table;
+    t->snap.table_len = len;
     return 0;
 }
 
@@ -206,28 +206,28 @@ int extree_snap_table_load(Extree *t, const ExtreeSuper *sb)
  */
 int extree_snap_table_moved(Extree *t)
 {
-    uint64_t len = extree_snap_table_bytes(t->snaps->len, t->block_size);
+    uint64_t len = extree_snap_table_bytes(t->snap.list->len, t->block_size);
     uint64_t host;
     int ret;
 
-    if (t->snap_table) {
-        ret = t->sm.ops->dec_ref(t->sm.opaque, t->snap_table,
-                                 t->snap_table_len, false);
+    if (t->snap.table) {
+        ret = t->sm.ops->dec_ref(t->sm.opaque, t->snap.table,
+                                 t->snap.table_len, false);
         if (ret < 0) {
             return ret;
         }
-        t->snap_table = t->snap_table_len = 0;
+        t->snap.table = t->snap.table_len = 0;
     }
-    t->snaps_dirty = true;
+    t->snap.dirty = true;
     t->super_dirty = true;
-    if (!t->snaps->len) {
+    if (!t->snap.list->len) {
         return 0;
     }
     ret = extree_alloc_contig(t, len, &host);
     if (ret < 0) {
         return ret;
     }
-    t->snap_table = host;
-    t->snap_table_len = len;
+    t->snap.table = host;
+    t->snap.table_len = len;
     return 0;
 }

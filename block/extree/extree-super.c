@@ -375,18 +375,18 @@ void extree_sb_from_tree(Extree *t, ExtreeSuper *s)
     s->crypt_header_offset = t->crypt_header_offset;
     s->crypt_header_length = t->crypt_header_length;
     s->compression_type = t->compression_type;
-    s->bitmap_dir = t->bitmap_dir;
-    s->bitmap_dir_len = t->bitmap_dir_len;
-    s->bitmap_count = t->bitmaps ? t->bitmaps->len : 0;
+    s->bitmap_dir = t->bm.dir;
+    s->bitmap_dir_len = t->bm.dir_len;
+    s->bitmap_count = t->bm.list ? t->bm.list->len : 0;
     if (extree_has_refs(t)) {
         ExtreeTree *rt = &t->trees[EXTREE_TREE_REFS];
 
         s->root[EXTREE_TREE_REFS] = rt->root;
         s->root_gen[EXTREE_TREE_REFS] = rt->root_gen;
         s->root_level[EXTREE_TREE_REFS] = rt->level;
-        s->snap_table = t->snap_table;
-        s->snap_count = t->snaps ? t->snaps->len : 0;
-        s->snap_gen = t->snap_gen;
+        s->snap_table = t->snap.table;
+        s->snap_count = t->snap.list ? t->snap.list->len : 0;
+        s->snap_gen = t->snap.gen;
     }
     g_strlcpy(s->backing_file, t->backing_file ? t->backing_file : "",
               sizeof(s->backing_file));

@@ -247,12 +247,13 @@ static void tree_init(ExtreeTree *tree, uint32_t owner, const ExtreeSuper *s)
  */
 static int check_root_counts(Extree *t)
 {
-    unsigned n = t->snaps->len;
+    unsigned n = t->snap.list->len;
     GArray *roots = g_array_sized_new(false, false, sizeof(uint64_t), n + 1);
     int ret = 0;
 
     for (unsigned i = 0; i < n; i++) {
-        g_array_append_val(roots, g_array_index(t->snaps, ExtreeSnap, i).root);
+        g_array_append_val(roots,
+                           g_array_index(t->snap.list, ExtreeSnap, i).root);
     }
     g_array_append_val(roots, t->trees[EXTREE_TREE_EXTENT].root);
     g_array_sort(roots, extree_u64_cmp);
@@ -288,14 +289,14 @@ static int check_snap_gen(Extree *t, const ExtreeOpenOptions *o)
 {
     const ExtreeSnap *top = NULL;
 
-    for (unsigned i = 0; i < t->snaps->len; i++) {
-        const ExtreeSnap *sn = &g_array_index(t->snaps, ExtreeSnap, i);
+    for (unsigned i = 0; i < t->snap.list->len; i++) {
+        const ExtreeSnap *sn = &g_array_index(t->snap.list, ExtreeSnap, i);
 
         if (!top || sn->generation > top->generation) {
             top = sn;
         }
     }
-    if (!top || top->generation < t->snap_gen) {
+    if (!top || top->generation < t->snap.gen) {
         return 0;
     }
     if (!t->read_only && !o->check) {
@@ -305,11 +306,11 @@ static int check_snap_gen(Extree *t, const ExtreeOpenOptions *o)
                               "snapshot '%s' taken at generation %" PRIu64
                               " (qemu-img check -r all repairs it)",
                               (t->generation % 2) * (uint64_t)EXTREE_SB_SIZE,
-                              t->snap_gen, top->id, top->generation);
+                              t->snap.gen, top->id, top->generation);
     }
-    t->snap_gen_bad = true;
-    t->snap_gen_stored = t->snap_gen;
-    t->snap_gen = t->trans_gen;
+    t->snap.gen_bad = true;
+    t->snap.gen_stored = t->snap.gen;
+    t->snap.gen = t->trans_gen;
     return 0;
 }
 
@@ -383,7 +384,7 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
     if (extree_has_refs(t)) {
         tree_init(&t->trees[EXTREE_TREE_REFS], EXTREE_TREE_REFS, sb);
         t->trees[EXTREE_TREE_EXTENT].shared = true;
-        t->snap_gen = sb->snap_gen;
+        t->snap.gen = sb->snap_gen;
     }
     t->trees[EXTREE_TREE_EXTENT].share_item = extree_extent_share;
     t->trees[EXTREE_TREE_EXTENT].verify_unshared = extree_extent_node_unshared;
@@ -415,8 +416,8 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
             et->total = n->bytes;
             if ((sb->autoclear & EXTREE_AUTOCLEAR_EXTENT_BYTES) &&
                 n->bytes != sb->extent_bytes && o->check) {
-                t->root_bytes_bad = true;
-                t->root_bytes_want = sb->extent_bytes;
+                t->chk.root_bytes_bad = true;
+                t->chk.root_bytes_want = sb->extent_bytes;
             } else if ((sb->autoclear & EXTREE_AUTOCLEAR_EXTENT_BYTES) &&
                        n->bytes != sb->extent_bytes) {
                 ret = extree_corrupt(t, et->root, "corrupt extent tree node "
@@ -516,12 +517,13 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     t->data_start = extree_sb_data_start(&sb[best]);
     t->csb = g_new(ExtreeSuper, 1);
     *t->csb = sb[best];
-    t->cache_limit = MAX((o->cache_size ? o->cache_size
-                          : EXTREE_DEFAULT_CACHE_SIZE) / t->node_size, 32);
-    t->dirty_limit = MAX((o->dirty_limit ? o->dirty_limit
-                          : EXTREE_DEFAULT_DIRTY_LIMIT) / t->node_size, 16);
+    t->nc.limit = MAX((o->cache_size ? o->cache_size
+                              : EXTREE_DEFAULT_CACHE_SIZE) / t->node_size, 32);
+    t->nc.dirty_limit = MAX((o->dirty_limit ? o->dirty_limit
+                                  : EXTREE_DEFAULT_DIRTY_LIMIT) / t->node_size,
+                            16);
     t->commit_by_caller = o->commit_by_caller;
-    t->bitmap_max_bytes = o->bitmap_max_bytes ? o->bitmap_max_bytes :
+    t->bm.max_bytes = o->bitmap_max_bytes ? o->bitmap_max_bytes :
                           EXTREE_BITMAP_MAX_BYTES;
     extree_cache_init(t);
     extree_sm_init(t);
@@ -558,8 +560,8 @@ void extree_close(Extree *t)
     extree_cache_destroy(t);
     extree_alloc_destroy(t);
     extree_refs_destroy(t);
-    if (t->snaps) {
-        g_array_free(t->snaps, true);
+    if (t->snap.list) {
+        g_array_free(t->snap.list, true);
     }
     extree_bitmaps_free(t);
     g_free(t->backing_file);
@@ -572,7 +574,7 @@ void extree_close(Extree *t)
 
 bool extree_is_dirty(const Extree *t)
 {
-    return t->ndirty > 0 || t->super_dirty || t->space.oplog->len > 0 ||
+    return t->nc.ndirty > 0 || t->super_dirty || t->space.oplog->len > 0 ||
            (t->space.reflog && t->space.reflog->len > 0);
 }
 
@@ -640,16 +642,16 @@ int extree_rollback(Extree *t)
     memset(&t->space, 0, sizeof(t->space));
     extree_sm_init(t);
     t->space.host_limit = limit;
-    if (t->snaps) {
-        g_array_free(t->snaps, true);
-        t->snaps = NULL;
+    if (t->snap.list) {
+        g_array_free(t->snap.list, true);
+        t->snap.list = NULL;
     }
     g_free(t->backing_file);
     g_free(t->backing_fmt);
     memset(t->trees, 0, sizeof(t->trees));
-    t->snap_gen = 0;
-    t->snap_table = t->snap_table_len = 0;
-    t->snaps_dirty = false;
+    t->snap.gen = 0;
+    t->snap.table = t->snap.table_len = 0;
+    t->snap.dirty = false;
     extree_bitmaps_free(t);
     t->broken = t->broken_nospace = false;
     t->stats.rollbacks++;
@@ -782,11 +784,11 @@ int extree_commit(Extree *t)
         goto fail;
     }
     ret = extree_node_write_dirty(t);
-    if (ret == 0 && t->snaps_dirty && t->snap_table) {
+    if (ret == 0 && t->snap.dirty && t->snap.table) {
         uint64_t len;
         uint8_t *buf = extree_snap_table_encode(t, &len);
 
-        ret = t->be->ops->pwrite(t->be->opaque, t->snap_table, buf, len);
+        ret = t->be->ops->pwrite(t->be->opaque, t->snap.table, buf, len);
         g_free(buf);
     }
     if (ret == 0) {
@@ -836,7 +838,7 @@ int extree_commit(Extree *t)
     t->generation = t->trans_gen;
     t->trans_gen++;
     t->super_dirty = false;
-    t->snaps_dirty = false;
+    t->snap.dirty = false;
     t->stats.commits++;
 
     /*
@@ -893,7 +895,7 @@ int extree_clear_corrupt(Extree *t)
         return 0;
     }
     if (t->broken || !t->space.alloc_loaded || extree_is_dirty(t) ||
-        t->check_clean_gen != t->generation) {
+        t->chk.clean_gen != t->generation) {
         return -EINVAL;
     }
     t->incompat &= ~EXTREE_INCOMPAT_CORRUPT;
@@ -1122,8 +1124,8 @@ int extree_set_virtual_size(Extree *t, uint64_t size)
  */
 bool extree_commit_wanted(const Extree *t)
 {
-    return t->ndirty > t->dirty_limit || extree_alloc_room_short(t) ||
-           t->bitmap_held >= EXTREE_BITMAP_COMMIT_HELD;
+    return t->nc.ndirty > t->nc.dirty_limit || extree_alloc_room_short(t) ||
+           t->bm.held >= EXTREE_BITMAP_COMMIT_HELD;
 }
 
 /*
@@ -1218,8 +1220,8 @@ int extree_punch(Extree *t, uint64_t guest, uint64_t bytes)
 void extree_stats(const Extree *t, ExtreeStats *st)
 {
     *st = t->stats;
-    st->cached_nodes = t->ncached;
-    st->dirty_nodes = t->ndirty;
+    st->cached_nodes = t->nc.ncached;
+    st->dirty_nodes = t->nc.ndirty;
     st->free_tree_partial = t->space.alloc_partial;
 }
 

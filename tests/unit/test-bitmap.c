@@ -446,8 +446,8 @@ static void test_damage(void)
         g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
         ct_write(t, 0, BS);
         g_assert_cmpint(extree_commit(t), ==, 0);
-        bm = g_ptr_array_index(t->bitmaps, 0);
-        dir = t->bitmap_dir;
+        bm = g_ptr_array_index(t->bm.list, 0);
+        dir = t->bm.dir;
         chunk = bm->chunk_off[0];
         g_assert_cmpuint(chunk, !=, 0);
         extree_close(t);
@@ -521,7 +521,7 @@ static void test_check_repair(void)
     g_assert_cmpint(extree_bitmap_add(t, "bad", G64K, true), ==, 0);
     ct_write(t, 0, BS);
     g_assert_cmpint(extree_commit(t), ==, 0);
-    bm = g_ptr_array_index(t->bitmaps, 1);
+    bm = g_ptr_array_index(t->bm.list, 1);
     chunk = bm->chunk_off[0];
     extree_close(t);
     be->ops->pread(be->opaque, chunk, &byte, 1);
@@ -752,7 +752,7 @@ static void test_kept_marks(void)
     ct_check_clean(t, NULL);
     /* two chunks, stored one after the other, read back in one go */
     {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, 0);
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, 0);
         uint64_t len;
         uint8_t *before = bits_of(t, "b0", &len), *after;
 

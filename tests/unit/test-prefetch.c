@@ -260,14 +260,14 @@ static void test_prefetch_commit(void)
 
     /* kept until a commit, which drops it */
     extree_node_prefetch(t, bytenr, old_epoch, old);
-    g_assert_cmpuint(t->nprefetch, ==, 1);
+    g_assert_cmpuint(t->nc.nprefetch, ==, 1);
     ct_write(t, 0, BS);
     g_assert_cmpint(extree_commit(t), ==, 0);
-    g_assert_cmpuint(t->nprefetch, ==, 0);
+    g_assert_cmpuint(t->nc.nprefetch, ==, 0);
 
     /* read before that commit, handed over after it: refused */
     extree_node_prefetch(t, bytenr, old_epoch, old);
-    g_assert_cmpuint(t->nprefetch, ==, 0);
+    g_assert_cmpuint(t->nc.nprefetch, ==, 0);
     g_assert_cmpint(extree_cursor_query_nowait(&c, guest, BS, 0, &run), ==,
                     -EWOULDBLOCK);
     /* (the write copied the path above it: the node may have moved) */
@@ -282,7 +282,7 @@ static void test_prefetch_commit(void)
      * the first round's freed space, the old location among it
      */
     extree_node_prefetch(t, bytenr, epoch, old);
-    g_assert_cmpuint(t->nprefetch, ==, 1);
+    g_assert_cmpuint(t->nc.nprefetch, ==, 1);
     for (int round = 0; ; round++) {
         bool reused;
 
@@ -291,7 +291,7 @@ static void test_prefetch_commit(void)
             ct_write(t, 2 * i * BS, BS);
         }
         g_assert_cmpint(extree_commit(t), ==, 0);
-        g_assert_cmpuint(t->nprefetch, ==, 0);
+        g_assert_cmpuint(t->nc.nprefetch, ==, 0);
         now = ct_node_read(be, bytenr, NS);
         reused = memcmp(now, old, NS) != 0;
         g_free(now);

@@ -148,8 +148,8 @@ static void fx_init(Fixture *f)
     t->host_end = t->sb_host_end = 1ull << 40;
     t->generation = 1;
     t->trans_gen = 2;
-    t->cache_limit = 1 << 20;
-    t->dirty_limit = UINT64_MAX;
+    t->nc.limit = 1 << 20;
+    t->nc.dirty_limit = UINT64_MAX;
     t->sm = (ExtreeSpaceMap){ &tm_ops, &f->map };
     extree_cache_init(t);
     f->t = t;
