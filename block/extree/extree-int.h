@@ -1180,6 +1180,10 @@ void extree_bitmaps_commit_done(Extree *t);
 uint8_t *extree_snap_table_encode(Extree *t, uint64_t *len);
 int extree_snap_table_moved(Extree *t);
 
+/* extree-init.c */
+/* Whether a backing file name and format can be stored (*@errmsg why not) */
+int extree_check_backing(const char *file, const char *fmt, char **errmsg);
+
 /* extree-txn.c */
 uint64_t extree_sb_free_bytes(const Extree *t);
 /* The value type of the trees of @owner (EXTREE_TREE_*) */
