@@ -231,6 +231,7 @@ static int coroutine_mixed_fn GRAPH_RDLOCK
 xt_open_core(BDRVExtreeState *s, int flags, uint64_t cache_size,
              Extree **out, bool *read_only, Error **errp)
 {
+    ExtreeDamage damage = EXTREE_DAMAGE_NONE;
     ExtreeOpenOptions o = {
         .read_only = !(flags & BDRV_O_RDWR) || (flags & BDRV_O_INACTIVE),
         .cache_size = cache_size,
@@ -243,6 +244,7 @@ xt_open_core(BDRVExtreeState *s, int flags, uint64_t cache_size,
         .commit_by_caller = true,
         .repair = (flags & BDRV_O_CHECK) && (flags & BDRV_O_RDWR),
         .check = flags & BDRV_O_CHECK,
+        .damage = &damage,
     };
     g_autofree char *msg = NULL;
     const char *warning;
@@ -253,8 +255,8 @@ xt_open_core(BDRVExtreeState *s, int flags, uint64_t cache_size,
         error_setg(errp, "extree: Image is corrupt; cannot be opened "
                    "read/write");
         return ret;
-    } else if (ret == -EIO && !o.read_only && msg &&
-               g_str_has_prefix(msg, "corrupt ")) {
+    } else if (ret == -EIO && !o.read_only &&
+               damage == EXTREE_DAMAGE_CORRUPT) {
         int ret2 = extree_mark_corrupt_image(&s->backend);
         ExtreeOpenOptions ro = { .read_only = true };
         g_autofree char *ro_msg = NULL;

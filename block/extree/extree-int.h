@@ -786,6 +786,7 @@ struct Extree {
     ExtreeCorruptFn *corrupt_fn;
     void *corrupt_opaque;
     char *last_error;
+    ExtreeDamage damage;        /* the kind of the last damage found */
 };
 
 /* extree-node.c: the node cache */
@@ -807,7 +808,14 @@ uint64_t extree_node_subtree_bytes(const ExtreeNode *n);
 /* Commit step 7: dirty nodes are now committed, clean and evictable */
 void extree_node_commit_done(Extree *t);
 void extree_prefetch_drop_all(Extree *t);
+/*
+ * Damage found at host @offset: the message is recorded (t->last_error)
+ * and given to the corrupt handler, its kind kept in t->damage; -EIO
+ */
 int extree_corrupt(Extree *t, uint64_t offset, const char *fmt, ...)
+    G_GNUC_PRINTF(3, 4);
+/* ... a structure past the end of the file: the file was cut short */
+int extree_truncated(Extree *t, uint64_t offset, const char *fmt, ...)
     G_GNUC_PRINTF(3, 4);
 const char *extree_tree_name(uint32_t owner);
 /* ... for extree-node-io.c only */
@@ -1084,6 +1092,7 @@ typedef struct ExtreeSuper {
 
 /* What extree_sb_read() found out about the slot it did not use */
 typedef struct ExtreeSkipped {
+    bool both_bad;              /* no slot valid: damage, not a version */
     bool skipped;               /* the slot is invalid */
     bool sum_ok;                /* ... but magic and checksum were right */
     uint64_t raw_gen;           /* its generation field, as stored */

@@ -66,11 +66,10 @@ int extree_node_get(Extree *t, uint64_t bytenr, const ExtreeNodeExpect *e,
 
         /*
          * Reads past the end of the file return zeroes: say why the node
-         * is damaged when the file was cut short (no corruption to flag:
-         * the caller may tell the two apart by the message's first word)
+         * is damaged when the file was cut short (no corruption to flag)
          */
         if (len >= 0 && bytenr + t->node_size > (uint64_t)len) {
-            ret = extree_corrupt(t, bytenr, "truncated image: %s node at "
+            ret = extree_truncated(t, bytenr, "truncated image: %s node at "
                                  "offset 0x%" PRIx64 " lies past the end of "
                                  "the file (%" PRId64 " bytes)", tree, bytenr,
                                  len);

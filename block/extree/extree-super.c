@@ -509,6 +509,7 @@ int extree_sb_read(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
         if (rc[0] == -EINVAL && rc[1] != -EINVAL) {
             ret = rc[1];
         }
+        skip->both_bad = true;
         *errmsg = g_strdup_printf("corrupt superblock at offset 0x0: %s; "
                                   "corrupt superblock at offset 0x1000: %s",
                                   why[0], why[1]);

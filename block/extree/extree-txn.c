@@ -274,8 +274,14 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     if (!o) {
         o = &defaults;
     }
+    if (o->damage) {
+        *o->damage = EXTREE_DAMAGE_NONE;
+    }
     ret = extree_sb_read(be, sb, &best, errmsg, &skip);
     if (best < 0) {
+        if (o->damage && skip.both_bad) {
+            *o->damage = EXTREE_DAMAGE_CORRUPT;
+        }
         return ret;
     }
 
@@ -340,6 +346,10 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
             *errmsg = g_strdup_printf("%s; then: %s", skip.why, why);
         } else {
             *errmsg = g_strdup(why);
+        }
+        if (o->damage && ret == -EIO) {
+            /* a skipped slot is damage whatever the other slot's state */
+            *o->damage = skip.skipped ? EXTREE_DAMAGE_CORRUPT : t->damage;
         }
         g_free(skip.why);
         extree_close(t);

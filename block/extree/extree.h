@@ -86,6 +86,13 @@ typedef struct ExtreeCreateParams {
     uint32_t compression_type;
 } ExtreeCreateParams;
 
+/* What a call that failed with -EIO found (ExtreeOpenOptions.damage) */
+typedef enum ExtreeDamage {
+    EXTREE_DAMAGE_NONE,
+    EXTREE_DAMAGE_CORRUPT,      /* a structure is damaged */
+    EXTREE_DAMAGE_TRUNCATED,    /* the file ends before a structure does */
+} ExtreeDamage;
+
 typedef struct ExtreeOpenOptions {
     bool read_only;
     uint64_t cache_size;        /* bytes of node cache, 0 = 32 MiB */
@@ -122,6 +129,13 @@ typedef struct ExtreeOpenOptions {
      * refused at open (left out with @check), when added and on growth
      */
     uint64_t bitmap_max_bytes;
+    /*
+     * Out, optional: when the open fails with -EIO, whether the image is
+     * damaged (EXTREE_DAMAGE_CORRUPT: the caller may mark it corrupt, as
+     * qcow2 does) or merely cut short (EXTREE_DAMAGE_TRUNCATED); else
+     * EXTREE_DAMAGE_NONE
+     */
+    ExtreeDamage *damage;
 } ExtreeOpenOptions;
 
 #define EXTREE_DEFAULT_CACHE_SIZE   (32 * 1024 * 1024)

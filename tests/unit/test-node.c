@@ -235,6 +235,7 @@ static void test_corrupt_reporting(void)
     Extree *t = ct_open(be);
     ExtreeDiskSuper sb;
     ExtreeOpenOptions o = { 0 };
+    ExtreeDamage damage = EXTREE_DAMAGE_NONE;
     Seen seen = { 0 };
     ExtreeRun runs[4];
     uint64_t root, leaf;
@@ -281,13 +282,40 @@ static void test_corrupt_reporting(void)
     ext_st32(buf + EXT_NH_OWNER, EXTREE_TREE_FREE);
     ct_node_write(be, root, buf, NS, true);
     g_free(buf);
+    o.damage = &damage;
     g_assert_cmpint(extree_open(be, &o, &t, &err), ==, -EIO);
     want = g_strdup_printf("corrupt extent tree node at offset 0x%" PRIx64
                            ": bad owner, have 2 expect 1", root);
     g_assert_cmpstr(err, ==, want);
+    /* classified by the code the core found it with, not by the text */
+    g_assert_cmpint(damage, ==, EXTREE_DAMAGE_CORRUPT);
     g_free(want);
     g_free(err);
+
+    /* the file cut before the root: truncated, not corrupt */
+    g_assert_cmpint(be->ops->truncate(be->opaque, root), ==, 0);
+    g_assert_cmpint(extree_open(be, &o, &t, &err), ==, -EIO);
+    g_assert_true(g_str_has_prefix(err, "truncated image: "));
+    g_assert_cmpint(damage, ==, EXTREE_DAMAGE_TRUNCATED);
+    g_free(err);
+
+    /* neither superblock valid: damage */
+    buf = g_malloc0(2 * EXTREE_SB_SIZE);
+    g_assert_cmpint(be->ops->pwrite(be->opaque, 0, buf, 2 * EXTREE_SB_SIZE),
+                    ==, 0);
+    g_free(buf);
+    g_assert_cmpint(extree_open(be, &o, &t, &err), <, 0);
+    g_assert_cmpint(damage, ==, EXTREE_DAMAGE_CORRUPT);
+    g_free(err);
     g_free(seen.msg);
+    extree_mem_backend_free(be);
+
+    /* a sound image: nothing */
+    be = ct_create(1 << 22, BS, NS);
+    damage = EXTREE_DAMAGE_CORRUPT;
+    g_assert_cmpint(extree_open(be, &o, &t, &err), ==, 0);
+    g_assert_cmpint(damage, ==, EXTREE_DAMAGE_NONE);
+    extree_close(t);
     extree_mem_backend_free(be);
 }
 
