@@ -346,6 +346,9 @@ bool coroutine_fn xt_wait_alloc(BDRVExtreeState *s, uint64_t start,
 
 /* The core's corruption handler: records the corruption, nothing more */
 void xt_corrupt_cb(void *opaque, uint64_t offset, const char *msg);
+/* The core's trace points as QEMU trace events (extree_set_trace()) */
+void xt_core_trace(void *opaque, ExtreeTraceEvent ev, uint64_t a, uint64_t b,
+                   uint64_t c);
 
 /* Commit with no request in flight: open, close, reopen, invalidation */
 int coroutine_mixed_fn GRAPH_RDLOCK xt_commit_now(BDRVExtreeState *s);

@@ -54,6 +54,34 @@ void xt_corrupt_cb(void *opaque, uint64_t offset, const char *msg)
     }
 }
 
+void xt_core_trace(void *opaque, ExtreeTraceEvent ev, uint64_t a, uint64_t b,
+                   uint64_t c)
+{
+    switch (ev) {
+    case EXTREE_TRACE_ALLOC_DATA:
+        trace_extree_core_alloc_data(opaque, a, b, c);
+        break;
+    case EXTREE_TRACE_ALLOC_NODE:
+        trace_extree_core_alloc_node(opaque, a);
+        break;
+    case EXTREE_TRACE_FREE:
+        trace_extree_core_free(opaque, a, b, c);
+        break;
+    case EXTREE_TRACE_COMMIT_STEP:
+        trace_extree_core_commit_step(opaque, a, b);
+        break;
+    case EXTREE_TRACE_COMMIT_DONE:
+        trace_extree_core_commit_done(opaque, a, (int64_t)c);
+        break;
+    case EXTREE_TRACE_BITMAP_SYNC:
+        trace_extree_core_bitmap_sync(opaque, a, b, c);
+        break;
+    case EXTREE_TRACE_ROLLBACK:
+        trace_extree_core_rollback(opaque, a, (int64_t)c);
+        break;
+    }
+}
+
 /*
  * The one corruption helper, in the spirit of qcow2_signal_corruption():
  * logs the damaged structure and its offset, sends BLOCK_IMAGE_CORRUPTED

@@ -303,6 +303,7 @@ static void GRAPH_RDLOCK xt_install_core(BDRVExtreeState *s, Extree *t,
     s->compress_unit = MAX(XT_COMPRESS_UNIT, s->block_size);
     s->compress_alg = extree_compression_type(t) ?: EXTREE_COMPRESS_ZSTD;
     extree_set_corrupt_handler(t, xt_corrupt_cb, s);
+    extree_set_trace(t, xt_core_trace, s);
     extree_cursor_init(&s->status_cursor, t);
     qatomic_set(&s->virtual_size, extree_virtual_size(t));
 

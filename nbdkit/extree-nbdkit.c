@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -54,6 +55,31 @@ static struct {
 } cfg = {
     .commit_interval = XP_DEFAULT_COMMIT_INTERVAL,
 };
+
+/* nbdkit -D extree.trace=1: the core's trace points as debug messages */
+NBDKIT_DLL_PUBLIC int extree_debug_trace;
+
+static void xp_trace(void *opaque, ExtreeTraceEvent ev, uint64_t a,
+                     uint64_t b, uint64_t c)
+{
+    static const char *const what[] = {
+        [EXTREE_TRACE_ALLOC_DATA] = "alloc data: guest, bytes, host",
+        [EXTREE_TRACE_ALLOC_NODE] = "alloc node: host",
+        [EXTREE_TRACE_FREE] = "free: host, bytes, node",
+        [EXTREE_TRACE_COMMIT_STEP] = "commit step: generation, step",
+        [EXTREE_TRACE_COMMIT_DONE] = "commit done: generation, -, ret",
+        [EXTREE_TRACE_BITMAP_SYNC] = "bitmap sync: index, bits set, changed",
+        [EXTREE_TRACE_ROLLBACK] = "rollback: generation, -, ret",
+    };
+
+    if (ev == EXTREE_TRACE_COMMIT_DONE || ev == EXTREE_TRACE_ROLLBACK) {
+        nbdkit_debug("extree %s %" PRIu64 " - %" PRId64, what[ev], a,
+                     (int64_t)c);
+    } else {
+        nbdkit_debug("extree %s 0x%" PRIx64 " 0x%" PRIx64 " 0x%" PRIx64,
+                     ev < G_N_ELEMENTS(what) ? what[ev] : "?", a, b, c);
+    }
+}
 
 /* Periodic commits, so that unflushed writes reach the disk too */
 static void *xp_committer(void *arg)
@@ -233,6 +259,9 @@ static int xp_open_core(bool read_only)
     }
     xp.core_read_only = read_only;
     extree_set_corrupt_handler(xp.t, xp_corrupt_cb, NULL);
+    if (extree_debug_trace) {
+        extree_set_trace(xp.t, xp_trace, NULL);
+    }
     if (extree_backing_file(xp.t)) {
         nbdkit_error("%s: the image has a backing file (%s), which this "
                      "plugin cannot open: serve it with qemu-nbd, or make "

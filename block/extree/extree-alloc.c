@@ -491,6 +491,7 @@ int extree_alloc_free(Extree *t, uint64_t start, uint64_t len, bool node)
     extree_rs_add(&t->space.pending, start, len);
     log_op(t, start, len, true);
     note_freed(node ? t->space.freed_nodes : t->space.freed_data, start, len);
+    extree_trace(t, EXTREE_TRACE_FREE, start, len, node);
     return 0;
 }
 

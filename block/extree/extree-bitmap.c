@@ -645,6 +645,7 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
     if (changed) {
         extree_bm_changed(t);
     }
+    extree_trace(t, EXTREE_TRACE_BITMAP_SYNC, i, bm->count, changed);
     return 0;
 }
 

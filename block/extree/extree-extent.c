@@ -846,6 +846,9 @@ int extree_alloc_data(Extree *t, uint64_t guest, uint64_t bytes,
     if (ret == 0 && extree_bitmap_count(t)) {
         extree_alloc_data_fresh_add(t, *host, *got);
     }
+    if (ret == 0) {
+        extree_trace(t, EXTREE_TRACE_ALLOC_DATA, guest, *got, *host);
+    }
     return ret;
 }
 

@@ -787,7 +787,18 @@ struct Extree {
     void *corrupt_opaque;
     char *last_error;
     ExtreeDamage damage;        /* the kind of the last damage found */
+    ExtreeTraceFn *trace_fn;    /* extree_set_trace() */
+    void *trace_opaque;
 };
+
+/* A trace point: a test and nothing more while nobody traces */
+static inline void extree_trace(Extree *t, ExtreeTraceEvent ev, uint64_t a,
+                                uint64_t b, uint64_t c)
+{
+    if (G_UNLIKELY(t->trace_fn)) {
+        t->trace_fn(t->trace_opaque, ev, a, b, c);
+    }
+}
 
 /* extree-node.c: the node cache */
 void extree_cache_init(Extree *t);

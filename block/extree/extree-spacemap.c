@@ -20,8 +20,12 @@
 static int sm_new_node(void *opaque, uint64_t *bytenr)
 {
     ExtreeSpace *sp = opaque;
+    int ret = extree_alloc_meta(sp->t, bytenr);
 
-    return extree_alloc_meta(sp->t, bytenr);
+    if (ret == 0) {
+        extree_trace(sp->t, EXTREE_TRACE_ALLOC_NODE, *bytenr, 0, 0);
+    }
+    return ret;
 }
 
 /*

@@ -477,6 +477,7 @@ int extree_rollback(Extree *t)
         t->broken = true;
     }
     t->seq++;
+    extree_trace(t, EXTREE_TRACE_ROLLBACK, t->generation, 0, ret);
     return ret;
 }
 
@@ -564,6 +565,7 @@ int extree_commit(Extree *t)
     }
     /* from here the data allocated so far may be mapped by a superblock */
     extree_alloc_data_fresh_end(t);
+    extree_trace(t, EXTREE_TRACE_COMMIT_STEP, t->trans_gen, 2, 0);
 
     /*
      * 2. The space map's pre-commit: the reference count and free-space
@@ -588,6 +590,7 @@ int extree_commit(Extree *t)
      *    check it: if it is invalid (a count gone out of range because
      *    the one read was wrong), nothing is written and G stays.
      */
+    extree_trace(t, EXTREE_TRACE_COMMIT_STEP, t->trans_gen, 3, 0);
     extree_sb_from_tree(t, &s);
     ret = extree_sb_check(t, &s);
     if (ret < 0) {
@@ -622,24 +625,28 @@ int extree_commit(Extree *t)
      * 4. Nodes, and guest data written before this commit, durable before
      *    a superblock points at them
      */
+    extree_trace(t, EXTREE_TRACE_COMMIT_STEP, t->trans_gen, 4, 0);
     ret = t->be->ops->flush(t->be->opaque);
     if (ret < 0) {
         goto flush_failed;
     }
 
     /* 5. Superblock G + 1 into slot (G + 1) % 2; slot G % 2 keeps G */
+    extree_trace(t, EXTREE_TRACE_COMMIT_STEP, t->trans_gen, 5, 0);
     ret = extree_sb_write_t(t, &s);
     if (ret < 0) {
         goto fail;
     }
 
     /* 6. G + 1 durable */
+    extree_trace(t, EXTREE_TRACE_COMMIT_STEP, t->trans_gen, 6, 0);
     ret = t->be->ops->flush(t->be->opaque);
     if (ret < 0) {
         goto flush_failed;
     }
 
     /* 7. Only now may space freed in G + 1 be reused */
+    extree_trace(t, EXTREE_TRACE_COMMIT_STEP, t->trans_gen, 7, 0);
     freed = g_array_new(false, false, sizeof(ExtreeAllocOp));
     extree_sm_commit_done(&t->space, freed);
     extree_node_commit_done(t);
@@ -656,8 +663,10 @@ int extree_commit(Extree *t)
      * 8. Discard what G + 1 freed; truncate the file if host_end went
      *    down.  A crash before or during this loses nothing.
      */
+    extree_trace(t, EXTREE_TRACE_COMMIT_STEP, t->generation, 8, 0);
     give_back_space(t, freed);
     g_array_free(freed, true);
+    extree_trace(t, EXTREE_TRACE_COMMIT_DONE, t->generation, 0, 0);
     return 0;
 
 flush_failed:
@@ -670,6 +679,7 @@ flush_failed:
     t->broken = true;
     t->broken_nospace = false;
 fail:
+    extree_trace(t, EXTREE_TRACE_COMMIT_DONE, t->trans_gen, 0, ret);
     return ret;
 }
 
@@ -677,6 +687,12 @@ void extree_set_corrupt_handler(Extree *t, ExtreeCorruptFn *fn, void *opaque)
 {
     t->corrupt_fn = fn;
     t->corrupt_opaque = opaque;
+}
+
+void extree_set_trace(Extree *t, ExtreeTraceFn *fn, void *opaque)
+{
+    t->trace_fn = fn;
+    t->trace_opaque = opaque;
 }
 
 const char *extree_last_error(const Extree *t)

@@ -290,6 +290,24 @@ void extree_set_corrupt_handler(Extree *t, ExtreeCorruptFn *fn, void *opaque);
 const char *extree_last_error(const Extree *t);
 
 /*
+ * Trace points of the core, for the caller's tracing (the QEMU driver's
+ * trace events, the plugin's debug flag); @a, @b and @c per event
+ */
+typedef enum ExtreeTraceEvent {
+    EXTREE_TRACE_ALLOC_DATA,    /* guest, bytes, host */
+    EXTREE_TRACE_ALLOC_NODE,    /* host, -, - */
+    EXTREE_TRACE_FREE,          /* host, bytes, 1 if node space */
+    EXTREE_TRACE_COMMIT_STEP,   /* generation written, step (2..8), - */
+    EXTREE_TRACE_COMMIT_DONE,   /* generation written, -, -errno or 0 */
+    EXTREE_TRACE_BITMAP_SYNC,   /* bitmap index, bits set, 1 if changed */
+    EXTREE_TRACE_ROLLBACK,      /* generation rolled back to, -, -errno or 0 */
+} ExtreeTraceEvent;
+typedef void ExtreeTraceFn(void *opaque, ExtreeTraceEvent ev, uint64_t a,
+                           uint64_t b, uint64_t c);
+/* @fn is called at every trace point (NULL: none, the default) */
+void extree_set_trace(Extree *t, ExtreeTraceFn *fn, void *opaque);
+
+/*
  * Write a new superblock generation with INCOMPAT_CORRUPT set (committed
  * trees, uncommitted changes dropped); later updates fail with -EIO.
  */

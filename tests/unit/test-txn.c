@@ -1309,12 +1309,87 @@ static void test_rebuild_crash(void)
     cr_finish(&w);
 }
 
+/* The core's trace points (extree_set_trace()), as the driver sees them */
+typedef struct TraceRec {
+    ExtreeTraceEvent ev;
+    uint64_t a, b, c;
+} TraceRec;
+
+static void on_trace(void *opaque, ExtreeTraceEvent ev, uint64_t a,
+                     uint64_t b, uint64_t c)
+{
+    TraceRec r = { ev, a, b, c };
+
+    g_array_append_val((GArray *)opaque, r);
+}
+
+static unsigned trace_count(GArray *log, ExtreeTraceEvent ev)
+{
+    unsigned n = 0;
+
+    for (guint i = 0; i < log->len; i++) {
+        n += g_array_index(log, TraceRec, i).ev == ev;
+    }
+    return n;
+}
+
+static void test_trace(void)
+{
+    ExtreeBackend *be = ct_create(1 << 24, BS, NS);
+    Extree *t = ct_open(be);
+    GArray *log = g_array_new(false, false, sizeof(TraceRec));
+    int step = 2;
+
+    extree_set_trace(t, on_trace, log);
+    ct_write(t, 0, 10 * BS);
+    g_assert_cmpuint(trace_count(log, EXTREE_TRACE_ALLOC_DATA), ==, 1);
+    g_assert_cmpuint(g_array_index(log, TraceRec, 0).a, ==, 0);
+    g_assert_cmpuint(g_array_index(log, TraceRec, 0).b, ==, 10 * BS);
+    g_assert_cmpuint(trace_count(log, EXTREE_TRACE_ALLOC_NODE), >=, 1);
+    g_array_set_size(log, 0);
+
+    /* a commit: steps 2 to 8 in order, then done with its generation */
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    for (guint i = 0; i < log->len; i++) {
+        TraceRec *r = &g_array_index(log, TraceRec, i);
+
+        if (r->ev == EXTREE_TRACE_COMMIT_STEP) {
+            g_assert_cmpuint(r->a, ==, 2);
+            g_assert_cmpuint(r->b, ==, step++);
+        }
+    }
+    g_assert_cmpint(step, ==, 9);
+    g_assert_cmpuint(trace_count(log, EXTREE_TRACE_COMMIT_DONE), ==, 1);
+    g_assert_cmpuint(g_array_index(log, TraceRec, log->len - 1).ev, ==,
+                     EXTREE_TRACE_COMMIT_DONE);
+    g_assert_cmpuint(g_array_index(log, TraceRec, log->len - 1).c, ==, 0);
+    g_array_set_size(log, 0);
+
+    /* frees, and a rollback to generation 2 */
+    g_assert_cmpint(extree_punch(t, 0, 10 * BS), ==, 0);
+    g_assert_cmpuint(trace_count(log, EXTREE_TRACE_FREE), >=, 1);
+    g_assert_cmpint(extree_rollback(t), ==, 0);
+    g_assert_cmpuint(g_array_index(log, TraceRec, log->len - 1).ev, ==,
+                     EXTREE_TRACE_ROLLBACK);
+    g_assert_cmpuint(g_array_index(log, TraceRec, log->len - 1).a, ==, 2);
+
+    /* none once unset */
+    g_array_set_size(log, 0);
+    extree_set_trace(t, NULL, NULL);
+    ct_write(t, 0, BS);
+    g_assert_cmpuint(log->len, ==, 0);
+    g_array_free(log, true);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
     g_test_add_func("/txn/create-params", test_create_params);
     g_test_add_func("/txn/create-check", test_create_check);
     g_test_add_func("/txn/commit-reopen", test_commit_reopen);
+    g_test_add_func("/txn/trace", test_trace);
     g_test_add_func("/txn/torn-super", test_torn_super);
     g_test_add_func("/txn/open-read-faults", test_open_read_faults);
     g_test_add_func("/txn/features", test_features);
