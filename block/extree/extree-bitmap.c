@@ -1153,6 +1153,24 @@ void extree_bitmaps_drop_damaged(Extree *t)
     bitmaps_changed(t);
 }
 
+void extree_bitmaps_forget(Extree *t, const bool *drop, bool dir)
+{
+    for (guint i = t->bitmaps->len; i-- > 0;) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bitmaps, i);
+
+        if (drop[i]) {
+            t->bitmaps_enabled -= bm->enabled;
+            g_ptr_array_remove_index(t->bitmaps, i);
+            bm_free(bm);
+        }
+    }
+    if (dir) {
+        /* not freed at the commit either: another owner keeps it */
+        t->bitmap_dir = t->bitmap_dir_len = 0;
+    }
+    bitmaps_changed(t);
+}
+
 /* No bitmap: after damage that fails (or, for a checker, skips) them */
 static void bitmaps_reset(Extree *t)
 {
