@@ -64,8 +64,8 @@ typedef struct Claim {
 #define BITMAP_DIR UINT32_MAX
 
 /*
- * Distinct claims of one host block kept for comparison: more than a
- * handful is a double use, reported already
+ * Distinct claims of one host block kept for comparison (sweep()): more
+ * owners than that are a double use that no repair resolves
  */
 #define ACTIVE_MAX 8
 
