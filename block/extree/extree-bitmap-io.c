@@ -438,6 +438,24 @@ void extree_bitmaps_drop_damaged(Extree *t)
     extree_bm_changed(t);
 }
 
+void extree_bitmaps_forget(Extree *t, const bool *drop, bool dir)
+{
+    for (guint i = t->bm.list->len; i-- > 0;) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
+
+        if (drop[i]) {
+            t->bm.enabled -= bm->enabled;
+            g_ptr_array_remove_index(t->bm.list, i);
+            extree_bm_free(bm);
+        }
+    }
+    if (dir) {
+        /* not freed at the commit either: another owner keeps it */
+        t->bm.dir = t->bm.dir_len = 0;
+    }
+    extree_bm_changed(t);
+}
+
 /* No bitmap: after damage that fails (or, for a checker, skips) them */
 static void bitmaps_reset(Extree *t)
 {

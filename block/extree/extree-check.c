@@ -5,11 +5,13 @@
  * and each snapshot's extent tree) from the backend (not from the cache,
  * so that on-disk damage is seen even with a warm cache), validates it like
  * a first read, and records who claims which host range: nodes of each
- * tree, DATA extents, free ranges, the snapshot table.  A node or DATA that
- * several roots share is claimed once and its references counted; the
- * counts found are compared with the reference count tree.  Sorting the
- * claims shows overlaps (two owners: corruption) and gaps (no owner:
- * leaks).  O(nodes + items) reads and time, O(items) memory.
+ * tree, DATA extents, free ranges, the snapshot table, the bitmaps.  A
+ * node or DATA that several roots share is claimed once and its references
+ * counted; the counts found are compared with the reference count tree.
+ * Sorting the claims shows overlaps (two owners: corruption) and gaps (no
+ * owner: leaks).  Every compressed payload is read and decompressed once:
+ * its checksum covers the decompressed data.  O(nodes + items) reads and
+ * time plus the compressed payloads, O(items) memory.
  *
  * Copyright (c) 2026 The extree authors
  *
@@ -51,10 +53,21 @@ typedef struct Visit {
 
 typedef struct Claim {
     uint64_t start, len;
-    uint64_t key;               /* node: bytenr; DATA: guest offset */
-    int kind;
+    /* node: bytenr; DATA: guest offset; bitmap chunk: its index */
+    uint64_t key;
+    uint32_t bitmap;            /* bitmap chunk: the bitmap's index */
+    uint8_t kind;
     bool compressed;            /* DATA: a compressed extent's payload */
 } Claim;
+
+/* Claim.bitmap of the bitmap directory */
+#define BITMAP_DIR UINT32_MAX
+
+/*
+ * Distinct claims of one host block kept for comparison (sweep()): more
+ * owners than that are a double use that no repair resolves
+ */
+#define ACTIVE_MAX 8
 
 /* A host range and a reference count */
 typedef struct Seg {
@@ -94,6 +107,17 @@ typedef struct CheckCtx {
     /* snap_generation too low (Extree.snap_gen_bad): "-r all" raises it */
     bool snapgen_bad;
     bool bitmaps_bad;           /* bitmaps left out at open (damaged) */
+    /*
+     * of res->corruptions: a bitmap block that something else uses too
+     * (dropping the bitmaps in @bitmap_drop resolves it, with the
+     * directory if @dir_drop), and a DATA block the free tree lists
+     * (rebuilding the free tree gives it to the extent)
+     */
+    uint64_t bitmap_dup, data_free;
+    bool *bitmap_drop;
+    bool dir_drop;
+    /* COMPRESSED items (a payload shared by snapshots is checked once) */
+    GArray *payloads;
 } CheckCtx;
 
 /* One corruption, found in the extent tree (@free false) or the free tree */
@@ -124,7 +148,7 @@ static void G_GNUC_PRINTF(2, 3) say(CheckCtx *c, const char *fmt, ...)
 static void claim(CheckCtx *c, uint64_t start, uint64_t len, uint64_t key,
                   int kind)
 {
-    Claim cl = { start, len, key, kind, false };
+    Claim cl = { start, len, key, 0, kind, false };
     g_array_append_val(c->claims, cl);
 }
 
@@ -132,7 +156,15 @@ static void claim(CheckCtx *c, uint64_t start, uint64_t len, uint64_t key,
 static void claim_payload(CheckCtx *c, uint64_t start, uint64_t len,
                           uint64_t key)
 {
-    Claim cl = { start, len, key, CLAIM_DATA, true };
+    Claim cl = { start, len, key, 0, CLAIM_DATA, true };
+    g_array_append_val(c->claims, cl);
+}
+
+/* Chunk @chunk of bitmap @i, or the directory (@i BITMAP_DIR) */
+static void claim_bitmap(CheckCtx *c, uint64_t start, uint64_t len,
+                         uint32_t i, uint64_t chunk)
+{
+    Claim cl = { start, len, chunk, i, CLAIM_BITMAP, false };
     g_array_append_val(c->claims, cl);
 }
 
@@ -385,6 +417,7 @@ static void walk(CheckCtx *c, uint32_t owner, uint64_t bytenr,
                     claim_payload(c, it.host,
                                   extree_item_host_bytes(&it, t->block_size),
                                   it.key);
+                    g_array_append_val(c->payloads, it);
                 }
             } else if (owner == EXTREE_TREE_REFS) {
                 g_array_append_val(c->refs_found, it);
@@ -420,15 +453,16 @@ static void check_bitmaps(CheckCtx *c)
         say(c, "%s", t->bm.bad);
     }
     if (t->bm.dir) {
-        claim(c, t->bm.dir, len, 0, CLAIM_BITMAP);
+        claim_bitmap(c, t->bm.dir, len, BITMAP_DIR, 0);
         c->res->metadata_bytes += len;
     }
+    c->bitmap_drop = g_new0(bool, t->bm.list ? t->bm.list->len : 0);
     for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
         ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
 
         for (uint64_t ch = 0; ch < bm->nchunks; ch++) {
             if (bm->chunk_off[ch]) {
-                claim(c, bm->chunk_off[ch], t->block_size, ch, CLAIM_BITMAP);
+                claim_bitmap(c, bm->chunk_off[ch], t->block_size, i, ch);
                 c->res->metadata_bytes += t->block_size;
             }
         }
@@ -597,6 +631,73 @@ static void check_counts(CheckCtx *c)
     g_array_free(bounds, true);
 }
 
+static gint payload_cmp(gconstpointer a, gconstpointer b)
+{
+    const ExtreeItem *x = a, *y = b;
+
+    if (x->host != y->host) {
+        return x->host < y->host ? -1 : 1;
+    }
+    if (x->key != y->key) {
+        return x->key < y->key ? -1 : 1;
+    }
+    if (x->length != y->length) {
+        return x->length < y->length ? -1 : 1;
+    }
+    return x->flags < y->flags ? -1 : x->flags > y->flags;
+}
+
+/*
+ * Every compressed payload, once (an item several trees share is one):
+ * read and decompressed, since its checksum (zlib's Adler-32, zstd's
+ * content checksum) covers the decompressed data.  No repair can give
+ * the data back: a bad payload is reported, and its item stays.  Memory:
+ * two buffers of EXTREE_COMPRESSED_MAX.
+ */
+static int check_payloads(CheckCtx *c)
+{
+    Extree *t = c->t;
+    GArray *p = c->payloads;
+    uint8_t *src = NULL, *dst = NULL;
+    int ret = 0;
+
+    g_array_sort(p, payload_cmp);
+    for (guint i = 0; i < p->len && ret >= 0; i++) {
+        const ExtreeItem *it = &g_array_index(p, ExtreeItem, i);
+        uint32_t len = extree_compressed_len(it);
+        uint32_t alg = extree_compressed_alg(it);
+        char *why;
+
+        if (i && !payload_cmp(it, it - 1)) {
+            continue;
+        }
+        if (!src) {
+            src = g_malloc(EXTREE_COMPRESSED_MAX);
+            dst = g_malloc(EXTREE_COMPRESSED_MAX);
+        }
+        ret = t->be->ops->pread(t->be->opaque, it->host, src, len);
+        if (ret < 0) {
+            why = g_strdup_printf("read error: %s", g_strerror(-ret));
+        } else {
+            ret = extree_decompress(alg, src, len, dst, it->length);
+            why = g_strdup_printf("its %s payload of %u bytes does not "
+                                  "decompress to it",
+                                  extree_compression_name(alg), len);
+        }
+        if (ret == -EIO) {
+            c->res->corruptions++;
+            say(c, "corrupt compressed payload at offset 0x%" PRIx64 ": "
+                "extent at guest offset 0x%" PRIx64 " length 0x%" PRIx64
+                ": %s", it->host, it->key, it->length, why);
+            ret = 0;
+        }
+        g_free(why);
+    }
+    g_free(src);
+    g_free(dst);
+    return ret;
+}
+
 static gint claim_cmp(gconstpointer a, gconstpointer b)
 {
     const Claim *x = a, *y = b;
@@ -606,7 +707,8 @@ static gint claim_cmp(gconstpointer a, gconstpointer b)
     return x->kind - y->kind;
 }
 
-static const char *claim_name(const Claim *cl, char *buf, size_t size)
+static const char *claim_name(CheckCtx *c, const Claim *cl, char *buf,
+                              size_t size)
 {
     switch (cl->kind) {
     case CLAIM_EXTENT_NODE:
@@ -626,7 +728,14 @@ static const char *claim_name(const Claim *cl, char *buf, size_t size)
         g_snprintf(buf, size, "snapshot table");
         break;
     case CLAIM_BITMAP:
-        g_snprintf(buf, size, "bitmap directory or chunk");
+        if (cl->bitmap == BITMAP_DIR) {
+            g_snprintf(buf, size, "bitmap directory");
+        } else {
+            ExtreeBitmap *bm = g_ptr_array_index(c->t->bm.list, cl->bitmap);
+
+            g_snprintf(buf, size, "bitmap '%s' chunk %" PRIu64, bm->name,
+                       cl->key);
+        }
         break;
     default:
         g_snprintf(buf, size, "free space");
@@ -635,21 +744,53 @@ static const char *claim_name(const Claim *cl, char *buf, size_t size)
     return buf;
 }
 
+static bool free_side(const Claim *cl)
+{
+    return cl->kind == CLAIM_FREE || cl->kind == CLAIM_FREE_NODE;
+}
+
+/* A repair drops the bitmap of @cl (every bitmap, for the directory) */
+static void drop_bitmap(CheckCtx *c, const Claim *cl)
+{
+    if (cl->bitmap != BITMAP_DIR) {
+        c->bitmap_drop[cl->bitmap] = true;
+        return;
+    }
+    c->dir_drop = true;
+    for (guint i = 0; i < c->t->bm.list->len; i++) {
+        c->bitmap_drop[i] = true;
+    }
+}
+
+/*
+ * Host space claimed by @a and by @b, which starts inside @a.  The
+ * free-space tree and the bitmaps are derived data: a repair rebuilds the
+ * one and drops the other, and what they overlap keeps its blocks (as
+ * qcow2 trusts its L2 tables over its refcounts).  Any other two claims
+ * are a double use that no repair resolves: nothing says which is right.
+ */
 static void overlap(CheckCtx *c, const Claim *a, const Claim *b)
 {
     uint64_t at = b->start;
-    char an[64], bn[64];
+    char an[128], bn[128];
 
-    /*
-     * a claim of the free tree (its nodes or its free space) is the one
-     * to doubt: rebuilding the free tree resolves it
-     */
-    if (a->kind == CLAIM_DATA && b->kind == CLAIM_DATA &&
-        extree_has_refs(c->t) && same_data(a, b, at)) {
-        return;     /* shared by snapshots: the counts are checked later */
+    if (free_side(a) || free_side(b)) {
+        count(c, true);
+        if (a->kind == CLAIM_DATA || b->kind == CLAIM_DATA) {
+            c->data_free++;
+        }
+    } else if (a->kind == CLAIM_BITMAP || b->kind == CLAIM_BITMAP) {
+        c->res->corruptions++;
+        c->bitmap_dup++;
+        if (a->kind == CLAIM_BITMAP) {
+            drop_bitmap(c, a);
+        }
+        if (b->kind == CLAIM_BITMAP) {
+            drop_bitmap(c, b);
+        }
+    } else {
+        count(c, false);
     }
-    count(c, a->kind == CLAIM_FREE || b->kind == CLAIM_FREE ||
-             a->kind == CLAIM_FREE_NODE || b->kind == CLAIM_FREE_NODE);
     if (a->kind == CLAIM_DATA && b->kind == CLAIM_DATA) {
         say(c, "corrupt extent tree: double use of host offset 0x%" PRIx64
             " by extents at guest offsets 0x%" PRIx64 " and 0x%" PRIx64,
@@ -657,16 +798,60 @@ static void overlap(CheckCtx *c, const Claim *a, const Claim *b)
     } else if (a->kind == CLAIM_FREE || b->kind == CLAIM_FREE) {
         const Claim *o = a->kind == CLAIM_FREE ? b : a;
         say(c, "corrupt free tree: free space at offset 0x%" PRIx64
-            " overlaps %s", at, claim_name(o, an, sizeof(an)));
+            " overlaps %s", at, claim_name(c, o, an, sizeof(an)));
     } else {
         say(c, "corrupt host space at offset 0x%" PRIx64 ": %s overlaps %s",
-            at, claim_name(a, an, sizeof(an)), claim_name(b, bn, sizeof(bn)));
+            at, claim_name(c, a, an, sizeof(an)),
+            claim_name(c, b, bn, sizeof(bn)));
     }
+}
+
+/*
+ * @cl against every claim before it that still covers its start (@act,
+ * sorted claims): each pair is judged on its own, since the claim that
+ * reaches furthest (a free range, say) may hide two others that overlap
+ * each other.  Data shared by snapshots is kept as one claim.  O(1) a
+ * claim: more than ACTIVE_MAX owners of one block are not kept apart,
+ * and no repair resolves them.
+ */
+static void sweep(CheckCtx *c, GArray *act, const Claim *cl)
+{
+    bool shared = false;
+    guint n = 0;
+
+    for (guint i = 0; i < act->len; i++) {
+        Claim *a = &g_array_index(act, Claim, i);
+
+        if (a->start + a->len <= cl->start) {
+            continue;
+        }
+        g_array_index(act, Claim, n) = *a;
+        a = &g_array_index(act, Claim, n++);
+        if (a->kind == CLAIM_DATA && cl->kind == CLAIM_DATA &&
+            extree_has_refs(c->t) && same_data(a, cl, cl->start)) {
+            /* shared by snapshots: the counts are checked later */
+            a->len = MAX(a->len, cl->start + cl->len - a->start);
+            shared = true;
+        } else {
+            overlap(c, a, cl);
+        }
+    }
+    g_array_set_size(act, n);
+    if (shared) {
+        return;
+    }
+    if (n < ACTIVE_MAX) {
+        g_array_append_val(act, *cl);
+        return;
+    }
+    count(c, false);
+    say(c, "corrupt host space at offset 0x%" PRIx64 ": more than %d "
+        "owners", cl->start, ACTIVE_MAX);
 }
 
 static void leak(CheckCtx *c, GArray *leaks, uint64_t start, uint64_t end)
 {
-    Claim l = { start, end - start, 0, CLAIM_FREE };
+    Claim l = { .start = start, .len = end - start, .kind = CLAIM_FREE };
 
     c->res->leaks++;
     c->res->leaked_bytes += end - start;
@@ -689,7 +874,9 @@ static GArray *used_ranges(CheckCtx *c)
         ExtreeAllocOp *last = used->len ?
             &g_array_index(used, ExtreeAllocOp, used->len - 1) : NULL;
 
-        if (cl->kind == CLAIM_FREE || cl->kind == CLAIM_FREE_NODE) {
+        if (free_side(cl) || (cl->kind == CLAIM_BITMAP &&
+                              (cl->bitmap == BITMAP_DIR ? c->dir_drop :
+                               c->bitmap_drop[cl->bitmap]))) {
             continue;
         }
         if (last && cl->start <= last->start + last->len) {
@@ -710,7 +897,7 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
 {
     Extree *t = c->t;
     ExtreeCheckResult *res = c->res;
-    bool free_bad = c->free_bad || !t->space.alloc_loaded;
+    bool free_bad = c->free_bad || c->bitmap_dup || !t->space.alloc_loaded;
     uint64_t fixed = 0;
     int ret = 0;
 
@@ -761,6 +948,21 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
         say(c, "damaged bitmaps removed");
         fixed++;
     }
+    if (c->bitmap_dup) {
+        /*
+         * "-r all": a bitmap is derived data; it goes, and whatever else
+         * claims its blocks keeps them (the free tree is rebuilt below)
+         */
+        for (guint i = 0; i < t->bm.list->len; i++) {
+            if (c->bitmap_drop[i]) {
+                say(c, "bitmap '%s' removed: it shares host space with "
+                    "another structure",
+                    ((ExtreeBitmap *)g_ptr_array_index(t->bm.list, i))->name);
+            }
+        }
+        extree_bitmaps_forget(t, c->bitmap_drop, c->dir_drop);
+        fixed += c->bitmap_dup;
+    }
     if (c->count_bad) {
         /* "-r all": the walk counted the extent tree's items */
         t->trees[EXTREE_TREE_EXTENT].nitems = res->extents;
@@ -786,6 +988,12 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
             return ret;
         }
         say(c, "free-space tree rebuilt from the extent tree");
+        if (c->data_free) {
+            /* as qcow2 trusts an L2 entry over a refcount of 0 */
+            say(c, "extents keep the host space the free tree listed under "
+                "them (%" PRIu64 " overlaps): they read what it holds",
+                c->data_free);
+        }
         res->repaired_corruptions = c->free_bad + fixed;
         res->repaired_leaks = res->leaks;
         return 0;
@@ -827,7 +1035,7 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
     CheckCtx c = { .t = t, .res = res, .report = report, .opaque = opaque };
     GArray *leaks = g_array_new(false, false, sizeof(Claim));
     uint64_t sb_off = (t->generation % 2) * EXTREE_SB_SIZE;
-    const Claim *prev = NULL;
+    GArray *active = g_array_new(false, false, sizeof(Claim));
     uint64_t pos;
     int ret = 0;
 
@@ -851,6 +1059,7 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
         c.bufs[l] = g_malloc(t->node_size);
     }
     c.refs_found = g_array_new(false, false, sizeof(ExtreeItem));
+    c.payloads = g_array_new(false, false, sizeof(ExtreeItem));
     c.ref_fixes = g_array_new(false, false, sizeof(Seg));
     for (uint32_t owner = EXTREE_TREE_EXTENT; owner < EXT_NTREES; owner++) {
         ExtreeTree *tree = &t->trees[owner];
@@ -902,19 +1111,16 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
         const Claim *cl = &g_array_index(c.claims, Claim, i);
         if (cl->start > pos) {
             leak(&c, leaks, pos, cl->start);
-        } else if (cl->start < pos && prev) {
-            overlap(&c, prev, cl);
         }
-        if (!prev || cl->start + cl->len > pos) {
-            pos = MAX(pos, cl->start + cl->len);
-            prev = cl;
-        }
+        sweep(&c, active, cl);
+        pos = MAX(pos, cl->start + cl->len);
     }
     if (pos < t->host_end) {
         leak(&c, leaks, pos, t->host_end);
     }
 
-    if (fix) {
+    ret = check_payloads(&c);
+    if (ret == 0 && fix) {
         ret = repair(&c, fix, leaks);
     }
     if (ret == 0 && res->corruptions == res->repaired_corruptions &&
@@ -929,6 +1135,9 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
     g_array_free(c.refs_found, true);
     g_array_free(c.ref_fixes, true);
     g_array_free(c.claims, true);
+    g_array_free(c.payloads, true);
+    g_array_free(active, true);
+    g_free(c.bitmap_drop);
     g_array_free(leaks, true);
     return ret;
 }

@@ -1190,6 +1190,13 @@ uint64_t extree_popcount(const uint8_t *p, size_t len, bool software);
 #define EXTREE_BITMAP_COMMIT_HELD 256
 int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate);
 void extree_bitmaps_drop_damaged(Extree *t);
+/*
+ * A repair's: the bitmaps @drop says (by index) go without giving their
+ * blocks back, and the directory too if @dir; the caller rebuilds the
+ * free-space tree from what is in use, since another structure may own a
+ * block they claim
+ */
+void extree_bitmaps_forget(Extree *t, const bool *drop, bool dir);
 void extree_bitmaps_free(Extree *t);
 int extree_bitmaps_resize_ok(Extree *t, uint64_t size);
 void extree_bitmaps_commit_space(Extree *t);

@@ -544,7 +544,8 @@ int extree_map_data(Extree *t, uint64_t guest, uint64_t bytes, uint64_t host);
  * @payload_len bytes compressed with @alg (EXTREE_COMPRESS_ZLIB or _ZSTD),
  * the caller wrote at @host (allocated with extree_alloc_data() for the
  * payload's blocks).  @bytes at most EXTREE_COMPRESSED_MAX.  The first
- * one sets the compressed feature bit.  The core never reads payloads.
+ * one sets the compressed feature bit.  The core reads payloads only in
+ * the checker.
  *
  * A COMPRESSED extent is never split: every update (map, zero, punch,
  * a smaller virtual size) must cover each one it touches whole, or fails
@@ -800,10 +801,15 @@ typedef void ExtreeReportFn(void *opaque, const char *msg);
  *     free tree that could not be loaded at open): the free-space tree is
  *     rebuilt from the extent tree - every block that is neither an
  *     extent-tree node nor DATA becomes free - and committed
- *     (repaired_corruptions; leaks are repaired with it);
- *   - corruption of the extent tree: nothing is repaired.
+ *     (repaired_corruptions; leaks are repaired with it); a bitmap whose
+ *     blocks another structure claims too is removed, the same way;
+ *   - corruption of the extent tree, or any other block claimed twice:
+ *     nothing is repaired;
+ *   - a compressed payload that does not decompress: reported, never
+ *     repaired.
  * A check that leaves no corruption unrepaired allows
- * extree_clear_corrupt().  O(nodes + items) time and O(items) memory.
+ * extree_clear_corrupt().  O(nodes + items) time and O(items) memory,
+ * plus reading and decompressing every compressed payload once.
  * Returns 0 when the check ran (even if it found problems).
  */
 int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,

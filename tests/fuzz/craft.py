@@ -16,6 +16,14 @@
 #   past-vsize    the last item of the live tree's last leaf moved past
 #                 the virtual size (point 3)
 #   snap-past-vsize  the same in the last leaf of the first snapshot
+#
+# Recipes (issue 49, the checker's classes F and H; not oracle violations:
+# they drive check and its repair over the damage, under the sanitizers)
+#   payload-bit   a byte of the live tree's first compressed payload flipped
+#   payload-len   that item's payload length one off (its blocks the same)
+#   chunk-on-data the first bitmap's first chunk pointed at the live tree's
+#                 first DATA block, chunk checksums, count and directory
+#                 checksum made to match
 #   reseed        SEED is an input: write it with another OPS_SEED (which
 #                 drives the target's choices: the snapshot reverted to,
 #                 the writes)
@@ -102,6 +110,23 @@ class Image:
             b = ld(self.img, b + 64 + (nr - 1) * 32 + 8)
         return b
 
+    def leaves(self, root):
+        if self.node(root)['level'] == 0:
+            return [root]
+        out = []
+        for i in range(self.node(root)['nritems']):
+            out += self.leaves(ld(self.img, root + 64 + i * 32 + 8))
+        return out
+
+    def first_item(self, typ):
+        """The live tree's first item of type typ: (leaf, item offset)"""
+        for leaf in self.leaves(self.root):
+            for i in range(self.node(leaf)['nritems']):
+                it = leaf + 64 + i * 32
+                if ld(self.img, it + 24, 4) == typ:
+                    return leaf, it
+        sys.exit('no item of type %d' % typ)
+
     def sparse(self):
         """The image as fuzz-input.h's sparse runs of non-zero sectors"""
         img, n = bytes(self.img), len(self.img)
@@ -180,6 +205,35 @@ def main():
             it2 = leaf + 64 + k * 32
             im.put(it2, vsize + 128 * 1024 + k * 4096)
         im.fix_node(leaf)
+    elif recipe == 'payload-bit':
+        leaf, it = im.first_item(5)
+        host = ld(im.img, it + 16)
+        im.put(host + 8, im.img[host + 8] ^ 0x10, 1)
+    elif recipe == 'payload-len':
+        leaf, it = im.first_item(5)
+        flags = ld(im.img, it + 28, 4)
+        c = flags & 0xFFFFFF
+        n = c - 1 if (c - 1 + 511) // 512 == (c + 511) // 512 else c + 1
+        im.put(it + 28, (flags & ~0xFFFFFF) | n, 4)
+        im.fix_node(leaf)
+    elif recipe == 'chunk-on-data':
+        sb = im.slot * SB
+        d, dlen = ld(im.img, sb + 240), ld(im.img, sb + 248, 4)
+        nch = ld(im.img, d + 64 + 16, 4)
+        tab = d + 64 + 24 + (ld(im.img, d + 64, 2) + 7) // 8 * 8
+        bs = ld(im.img, sb + 64, 4)
+        im.put(tab, ld(im.img, im.first_item(1)[1] + 16))
+        count = 0
+        for c in range(nch):
+            off = ld(im.img, tab + c * 16)
+            if off:
+                blk = bytes(im.img[off:off + bs])
+                count += sum(bin(b).count('1') for b in blk)
+                im.put(tab + c * 16 + 8, crc32c(blk), 4)
+        im.put(d + 64 + 8, count)
+        b = bytearray(im.img[d:d + dlen])
+        b[4:8] = b'\0\0\0\0'
+        im.put(d + 4, crc32c(b), 4)
     else:
         sys.exit('unknown recipe ' + recipe)
     im.write(out, ops_seed)

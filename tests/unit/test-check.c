@@ -800,6 +800,225 @@ static void test_shared_node_mismatch(void)
     }
 }
 
+/* A free range of at least @len bytes (the free tree is one leaf) */
+static uint64_t free_range(ExtreeBackend *be, uint64_t len)
+{
+    ExtreeDiskSuper sb;
+    uint64_t at = 0;
+    uint8_t *buf;
+    uint32_t nr;
+
+    ct_read_super(be, &sb);
+    g_assert_cmpuint(sb.free_root.level, ==, 0);
+    buf = ct_node_read(be, GUINT64_FROM_LE(sb.free_root.bytenr), NS);
+    nr = GUINT32_FROM_LE(((ExtreeDiskNodeHeader *)buf)->nritems);
+    for (uint32_t i = 0; i < nr && !at; i++) {
+        if (GUINT64_FROM_LE(ct_item(buf, i)->length) >= len) {
+            at = GUINT64_FROM_LE(ct_item(buf, i)->key);
+        }
+    }
+    g_free(buf);
+    g_assert_cmpuint(at, !=, 0);
+    return at;
+}
+
+/*
+ * F (issue 49): DATA items pointed into space the free tree lists.  One
+ * extent alone there is adopted, as qcow2 adopts a cluster its L2 table
+ * maps and its refcount calls free (@two false).  Two extents from
+ * different guest offsets there (@two) are a double use: the sweep
+ * compared each claim only with the one reaching furthest (the free
+ * range), missed it, and "-r all" rebuilt the free tree around both and
+ * reported every corruption repaired.
+ */
+static void free_listed_data(bool two)
+{
+    uint64_t leaf, free_at;
+    ExtreeBackend *be = make_image(&leaf);
+    ExtreeCheckResult res;
+    ExtreeDiskSuper sb;
+    ExtreeRun run;
+    CtReport r;
+    uint8_t *buf;
+    Extree *t;
+
+    /* 8 free blocks in a row; the extents go inside, past the first */
+    t = ct_open(be);
+    ct_write(t, 100 * BS, 8 * BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpint(extree_punch(t, 100 * BS, 8 * BS), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_close(t);
+    ct_read_super(be, &sb);
+    leaf = GUINT64_FROM_LE(sb.extent_root.bytenr);
+    free_at = free_range(be, 8 * BS) + BS;
+    buf = ct_node_read(be, leaf, NS);
+    g_assert_cmpuint(GUINT64_FROM_LE(ct_item(buf, 2)->key), ==, 8 * BS);
+    ct_item(buf, 0)->host_offset = GUINT64_TO_LE(free_at);
+    if (two) {
+        ct_item(buf, 2)->host_offset = GUINT64_TO_LE(free_at);
+    }
+    ct_node_write(be, leaf, buf, NS, true);
+    g_free(buf);
+
+    run_check(be, false, &res, &r);
+    g_assert_cmpuint(res.corruptions, >=, 1);
+    g_assert_true(ct_has_msg(&r, "corrupt free tree: free space at offset"));
+    g_assert_cmpint(ct_has_msg(&r, "double use of host offset"), ==, two);
+    g_ptr_array_free(r.msgs, true);
+
+    check_fix(be, EXTREE_FIX_LEAKS | EXTREE_FIX_ERRORS, &res, &r);
+    if (two) {
+        g_assert_cmpuint(res.repaired_corruptions, ==, 0);
+        g_assert_true(ct_has_msg(&r, "leaks not repaired"));
+        g_ptr_array_free(r.msgs, true);
+        run_check(be, false, &res, &r);
+        g_assert_true(ct_has_msg(&r, "double use of host offset"));
+    } else {
+        g_assert_cmpuint(res.repaired_corruptions, ==, res.corruptions);
+        g_assert_true(ct_has_msg(&r, "extents keep the host space the free "
+                                     "tree listed under them (1 overlaps)"));
+        t = ct_open(be);
+        ct_check_clean(t, NULL);
+        g_assert_cmpint(ct_lookup1(t, 0, &run), ==, 0);
+        g_assert_cmphex(run.host, ==, free_at);
+        extree_close(t);
+    }
+    g_ptr_array_free(r.msgs, true);
+    extree_mem_backend_free(be);
+}
+
+static void test_free_listed_data_adopted(void)
+{
+    free_listed_data(false);
+}
+
+static void test_free_listed_data_double_use(void)
+{
+    free_listed_data(true);
+}
+
+#define UNIT (16 * BS)
+
+/*
+ * An image with two compressed extents (zstd at guest 0, zlib at guest
+ * UNIT) in a one-leaf tree; their payloads' host offsets in @host
+ */
+static ExtreeBackend *make_compressed(uint64_t *leaf, uint64_t host[2])
+{
+    static const uint32_t alg[2] = { EXTREE_COMPRESS_ZSTD,
+                                     EXTREE_COMPRESS_ZLIB };
+    ExtreeBackend *be = ct_create(1 << 30, BS, NS);
+    Extree *t = ct_open(be);
+    uint8_t *src = g_malloc(UNIT), *pay = g_malloc(UNIT);
+    ExtreeDiskSuper sb;
+
+    for (int i = 0; i < 2; i++) {
+        uint64_t got;
+        size_t plen;
+
+        for (size_t j = 0; j < UNIT; j++) {
+            src[j] = "compressed payload "[(j / 5 + i + j % 5) % 19];
+        }
+        g_assert_cmpint(extree_compress(alg[i], src, UNIT, pay, UNIT, &plen),
+                        ==, 0);
+        g_assert_cmpint(extree_alloc_data(t, i * UNIT,
+                                          EXTREE_ROUND_UP(plen, BS),
+                                          &host[i], &got), ==, 0);
+        g_assert_cmpint(be->ops->pwrite(be->opaque, host[i], pay, plen), ==,
+                        0);
+        g_assert_cmpint(extree_map_compressed(t, i * UNIT, UNIT, host[i],
+                                              plen, alg[i]), ==, 0);
+    }
+    ct_write(t, 2 * UNIT, BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    ct_read_super(be, &sb);
+    *leaf = GUINT64_FROM_LE(sb.extent_root.bytenr);
+    g_free(src);
+    g_free(pay);
+    return be;
+}
+
+/*
+ * H (issue 49): check reads and verifies every compressed payload.  A
+ * flipped payload bit, a payload length one off (both ways) and the other
+ * algorithm: the reads fail with -EIO, and check said "No errors".  No
+ * repair can give the data back: "-r all" leaves the item, reported.
+ */
+static void test_compressed_payload(void)
+{
+    for (int what = 0; what < 4; what++) {
+        uint64_t leaf, host[2];
+        ExtreeBackend *be = make_compressed(&leaf, host);
+        int victim = what == 2 ? 1 : 0;
+        ExtreeCheckResult res;
+        uint8_t *buf, byte;
+        CtReport r;
+        char *want;
+
+        buf = ct_node_read(be, leaf, NS);
+        g_assert_cmpuint(GUINT32_FROM_LE(ct_item(buf, victim)->type), ==,
+                         EXTREE_ITEM_COMPRESSED);
+        switch (what) {
+        case 0:     /* a bit in the middle of the zstd payload */
+            be->ops->pread(be->opaque, host[0] + 20, &byte, 1);
+            byte ^= 0x10;
+            be->ops->pwrite(be->opaque, host[0] + 20, &byte, 1);
+            break;
+        case 1:     /* zstd payload one byte shorter */
+        case 2:     /* zlib payload one byte longer */
+        {
+            uint32_t f = GUINT32_FROM_LE(ct_item(buf, victim)->flags);
+            uint32_t len = f & EXTREE_COMPRESSED_LEN_MASK;
+            uint32_t nlen = what == 1 ? len - 1 : len + 1;
+
+            /* the same blocks: nothing but the payload changes */
+            g_assert_cmpuint(EXTREE_ROUND_UP(len, BS), ==,
+                             EXTREE_ROUND_UP(nlen, BS));
+            f = (f & ~EXTREE_COMPRESSED_LEN_MASK) | nlen;
+            ct_item(buf, victim)->flags = GUINT32_TO_LE(f);
+            break;
+        }
+        default:    /* zstd payload said to be zlib */
+        {
+            uint32_t f = GUINT32_FROM_LE(ct_item(buf, victim)->flags);
+
+            f = (f & EXTREE_COMPRESSED_LEN_MASK) |
+                (EXTREE_COMPRESS_ZLIB << EXTREE_COMPRESSED_ALG_SHIFT);
+            ct_item(buf, victim)->flags = GUINT32_TO_LE(f);
+            break;
+        }
+        }
+        ct_node_write(be, leaf, buf, NS, true);
+        g_free(buf);
+
+        run_check(be, false, &res, &r);
+        g_assert_cmpuint(res.corruptions, ==, 1);
+        g_assert_cmpuint(res.leaks, ==, 0);
+        want = g_strdup_printf("corrupt compressed payload at offset 0x%"
+                               PRIx64 ": extent at guest offset 0x%x",
+                               host[victim], victim * UNIT);
+        if (!ct_has_msg(&r, want)) {
+            g_error("case %d: no \"%s\"", what, want);
+        }
+        g_ptr_array_free(r.msgs, true);
+
+        /* reported, never repaired; other repairs still run */
+        check_fix(be, EXTREE_FIX_LEAKS | EXTREE_FIX_ERRORS, &res, &r);
+        g_assert_cmpuint(res.corruptions, ==, 1);
+        g_assert_cmpuint(res.repaired_corruptions, ==, 0);
+        g_assert_true(ct_has_msg(&r, want));
+        g_ptr_array_free(r.msgs, true);
+        run_check(be, false, &res, &r);
+        g_assert_cmpuint(res.corruptions, ==, 1);
+        g_ptr_array_free(r.msgs, true);
+        g_free(want);
+        extree_mem_backend_free(be);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -823,5 +1042,10 @@ int main(int argc, char **argv)
     g_test_add_func("/check/extent-tree-into-free-tree",
                     test_extent_tree_into_free_tree);
     g_test_add_func("/check/shared-node-mismatch", test_shared_node_mismatch);
+    g_test_add_func("/check/free-listed-data-adopted",
+                    test_free_listed_data_adopted);
+    g_test_add_func("/check/free-listed-data-double-use",
+                    test_free_listed_data_double_use);
+    g_test_add_func("/check/compressed-payload", test_compressed_payload);
     return g_test_run();
 }

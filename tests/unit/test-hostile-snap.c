@@ -650,6 +650,137 @@ static void test_double_use_not_adopted(void)
 }
 
 /*
+ * Point chunk @chunk of bitmap @bm at @target in the directory, with the
+ * checksums and the entry's count of set bits made to match what lies
+ * there (a CRC-valid edit, as the red team made them)
+ */
+static void point_chunk(ExtreeBackend *be, unsigned bm, unsigned chunk,
+                        uint64_t target)
+{
+    ExtreeDiskSuper sb;
+    uint64_t dir, len, p = sizeof(ExtreeDiskBitmapHeader);
+    uint8_t blk[BS], *buf;
+
+    ct_read_super(be, &sb);
+    dir = GUINT64_FROM_LE(sb.bitmap_dir_offset);
+    len = GUINT32_FROM_LE(sb.bitmap_dir_length);
+    buf = g_malloc(len);
+    g_assert_cmpint(be->ops->pread(be->opaque, dir, buf, len), ==, 0);
+    for (unsigned i = 0;; i++) {
+        uint32_t nch = ext_ld32(buf + p + 16);
+        uint64_t tab = p + 24 + EXTREE_ROUND_UP(buf[p] | buf[p + 1] << 8, 8);
+        uint64_t count = 0;
+
+        if (i < bm) {
+            p = tab + nch * 16;
+            continue;
+        }
+        ext_st64(buf + tab + chunk * 16, target);
+        for (uint32_t c = 0; c < nch; c++) {
+            uint64_t off = ext_ld64(buf + tab + c * 16);
+
+            if (off) {
+                g_assert_cmpint(be->ops->pread(be->opaque, off, blk, BS), ==,
+                                0);
+                for (int b = 0; b < BS; b++) {
+                    count += __builtin_popcount(blk[b]);
+                }
+                ext_st32(buf + tab + c * 16 + 8, extree_crc32c(0, blk, BS));
+            }
+        }
+        ext_st64(buf + p + 8, count);
+        break;
+    }
+    ext_st32(buf + 4, 0);
+    ext_st32(buf + 4, extree_crc32c(0, buf, len));
+    g_assert_cmpint(be->ops->pwrite(be->opaque, dir, buf, len), ==, 0);
+    g_free(buf);
+}
+
+/*
+ * F (issue 49): bitmap "b"'s first chunk pointed (checksums fixed) at the
+ * live tree's DATA block of guest 2048 (@what 0), at a leaf both trees
+ * share (1), at the snapshot table (2), at bitmap "c"'s first chunk (3).
+ * A double use; bitmaps are derived data, so "-r all" drops the bitmap
+ * (both of them for 3) and the other owner keeps its block; the image is
+ * then clean.  Before, the repair was refused (or, over free space,
+ * adopted both owners) and the image stayed corrupt.
+ */
+static void test_bitmap_chunk_double_use(void)
+{
+    static const char *const names[] = {
+        "extent at guest offset 0x800", "extent tree node",
+        "snapshot table", "bitmap 'c' chunk 0",
+    };
+
+    for (int what = 0; what < 4; what++) {
+        ExtreeBackend *be = make_image();
+        CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+        ExtreeCheckResult res;
+        ExtreeDiskSuper sb;
+        uint64_t target, data = live_host(be, 2048), old;
+        ExtreeRun run;
+        Extree *t;
+
+        t = ct_open(be);
+        g_assert_cmpint(extree_bitmap_add(t, "b", BS, true), ==, 0);
+        g_assert_cmpint(extree_bitmap_add(t, "c", BS, true), ==, 0);
+        ct_write(t, 0, 2 * BS);
+        g_assert_cmpint(extree_commit(t), ==, 0);
+        old = ((ExtreeBitmap *)g_ptr_array_index(t->bm.list, 0))->chunk_off[0];
+        target = ((ExtreeBitmap *)g_ptr_array_index(t->bm.list,
+                                                    1))->chunk_off[0];
+        g_assert_cmpuint(old, !=, 0);
+        extree_close(t);
+        ct_read_super(be, &sb);
+        switch (what) {
+        case 0:
+            target = live_host(be, 2048);
+            break;
+        case 1:
+            target = last_child(be, GUINT64_FROM_LE(sb.extent_root.bytenr));
+            break;
+        case 2:
+            target = GUINT64_FROM_LE(sb.snap_table_offset);
+            break;
+        }
+        point_chunk(be, 0, 0, target);
+
+        t = open_opts(be, true, true, 0, NULL);
+        g_assert_cmpuint(extree_bitmap_count(t), ==, 2);
+        g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+        g_assert_cmpuint(res.corruptions, >=, 1);
+        if (!ct_has_msg(&r, "bitmap 'b' chunk 0") ||
+            !ct_has_msg(&r, names[what])) {
+            g_error("case %d: no double use of 'b' chunk 0 and %s", what,
+                    names[what]);
+        }
+        extree_close(t);
+
+        t = open_opts(be, false, true, 0, NULL);
+        g_assert_cmpint(extree_check(t, true, &res, ct_report, &r), ==, 0);
+        g_assert_cmpuint(res.repaired_corruptions, ==, res.corruptions);
+        extree_close(t);
+
+        t = ct_open(be);
+        ct_check_clean(t, NULL);
+        g_assert_cmpint(extree_bitmap_find(t, "b"), <, 0);
+        g_assert_cmpint(extree_bitmap_find(t, "c"), ==,
+                        what == 3 ? -ENOENT : 0);
+        g_assert_cmpuint(extree_snapshot_count(t), ==, 1);
+        g_assert_cmpint(ct_lookup1(t, 2048, &run), ==, 0);
+        g_assert_cmphex(run.host, ==, data);
+        /* the block the chunk left is free again, and used: no leak */
+        ct_write(t, 500 * 1024, 64 * 1024);
+        g_assert_cmpint(extree_commit(t), ==, 0);
+        ct_check_clean(t, NULL);
+        extree_close(t);
+        g_ptr_array_free(r.msgs, true);
+        extree_mem_backend_free(be);
+    }
+}
+
+/*
  * The walk of every tree before a handle's first update (the lowered
  * host_end class, tests/fuzz/fixed/host-end-lowered-vmstate) runs only
  * when the backend holds bytes past host_end: after a clean close the
@@ -725,6 +856,8 @@ int main(int argc, char **argv)
     g_test_add_func("/hostile-snap/refs-low-cow", test_refs_low_cow);
     g_test_add_func("/hostile-snap/double-use-not-adopted",
                     test_double_use_not_adopted);
+    g_test_add_func("/hostile-snap/bitmap-chunk-double-use",
+                    test_bitmap_chunk_double_use);
     g_test_add_func("/hostile-snap/probe-only-with-tail",
                     test_probe_only_with_tail);
     return g_test_run();
