@@ -326,3 +326,86 @@ def fmt_ranges(ranges, limit=4):
     s = ', '.join(f'{a:#x}..{b:#x}' for a, b in ranges[:limit])
     return s + (f' (+{len(ranges) - limit} more)' if len(ranges) > limit
                 else '')
+
+
+def intersect(a, b):
+    """the ranges in both (each merged)"""
+    out = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+class Record:
+    """What a bitmap cleared or added at a moment T must mark (the QMP
+    rounds of extree-bitmap-race): the granules whose content cannot be
+    explained by a content possible at T.  base is the content after the
+    requests acknowledged before the command was sent; alts are (start,
+    end, data, or None for zeroes) of the requests in flight at any moment
+    between its sending and its reply, whose data may or may not have
+    been there at T.  A byte explained holds its base value or the value
+    of one of those requests; a granule with a byte unexplained changed
+    after T, and every bitmap that holds this record must mark it.
+    Requests acknowledged before T need not be marked, and nothing issued
+    only before T may be required."""
+
+    def __init__(self, base, alts=(), what=''):
+        self.base = base
+        self.alts = list(alts)
+        self.what = what            # how it came, for a failure message
+
+    def _explained(self, actual, g0, g1, alts):
+        cuts = sorted({g0, g1} | {max(g0, min(g1, x)) for a in alts
+                                  for x in a[:2]})
+        base = self.base
+        for s, e in zip(cuts, cuts[1:]):
+            act = actual[s:e]
+            if act == base[s:e]:
+                continue
+            cover = [a for a in alts if a[0] <= s and e <= a[1]]
+            vals = [bytes(e - s) if d is None else d[s - a0:e - a0]
+                    for a0, _, d in cover]
+            if any(act == v for v in vals):
+                continue
+            # a mix (requests that landed in part, or one over another):
+            # byte by byte, rarely
+            for i, x in enumerate(act):
+                if x != base[s + i] and all(x != v[i] for v in vals):
+                    return False
+        return True
+
+    def required(self, actual, gran):
+        """the granules (merged ranges) this record requires in actual"""
+        size = len(actual)
+        out = []
+        for g0 in range(0, size, gran):
+            g1 = min(g0 + gran, size)
+            if actual[g0:g1] == self.base[g0:g1]:
+                continue
+            alts = [a for a in self.alts if a[0] < g1 and g0 < a[1]]
+            if alts and self._explained(actual, g0, g1, alts):
+                continue
+            if out and out[-1][1] == g0:
+                out[-1] = (out[-1][0], g1)
+            else:
+                out.append((g0, g1))
+        return out
+
+
+def requirement(candidates, actual, gran):
+    """what a bitmap must mark in actual when the image may hold any of
+    several candidates (a command not known to be stored when the
+    process died), each a list of records whose requirements add up (a
+    merge): the granules every candidate requires"""
+    req = None
+    for spec in candidates:
+        got = merge(r for rec in spec for r in rec.required(actual, gran))
+        req = got if req is None else intersect(req, got)
+    return req or []
