@@ -1593,7 +1593,9 @@ static const MVariant m_variants[] = {
     /*
      * 20 bitmaps of 4 KiB granularity over 1 GiB (eight chunks each),
      * cleared now and then as incremental backups clear them, so that
-     * changes move chunks again; flushes rare, transactions long
+     * changes move chunks again; flushes rare, transactions long.  Seed
+     * 49 passes, 18 of seeds 1 to 50 do not: after a reopen the device's
+     * end is unknown, so the guard is off and a commit runs out (open)
      */
     {
         .name = "/enospc/model/bitmaps-cleared", .seed = 49,
