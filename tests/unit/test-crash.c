@@ -4,14 +4,19 @@
  * A workload of several transactions (maps with data, overwrites, punches,
  * zeroes, explicit commits and commits forced by a small dirty limit; one
  * that makes the file shrink and grow; one over free space in so many
- * pieces that opens read the free-space tree in part) runs on a recording memory
- * backend.  Then for every prefix of the log of writes, flushes, discards
- * and truncates, with the entries after its last flush kept, dropped, torn
- * or torn with garbage, the resulting device must open, show exactly one
+ * pieces that opens read the free-space tree in part; one with persistent
+ * bitmaps and writes in place) runs on a recording memory backend.  Then
+ * for every prefix of the log of writes, flushes, discards and truncates,
+ * with the entries after its last flush kept, dropped, torn or torn with
+ * garbage, the resulting device must open, show exactly one
  * committed state (mapping, generation, backing file and the data it points
  * to) that a crash at that point may legitimately leave, and pass the
- * checker without corruption or leak.  A crash during create leaves either
- * no image or the empty one.
+ * checker without corruption or leak.  With bitmaps, that state's bitmaps
+ * load, and each enabled one has the granule of every block whose content,
+ * as the image reads (a write in place after the commit included, torn or
+ * not), differs from what it was when the bitmap was added or last
+ * cleared (issue 49, point 3).  A crash during create leaves either no
+ * image or the empty one.
  *
  * Failed writes and flushes during a commit must fail the commit and leave
  * the previous committed state on disk; a failed node read must fail the
@@ -52,6 +57,25 @@ typedef struct DataHeader {
     uint64_t tag;               /* which write */
 } DataHeader;
 
+/*
+ * A persistent bitmap as the workload made it (the pending state), or as
+ * a committed state holds it
+ */
+#define NBM             4
+
+typedef struct BmRec {
+    bool present, enabled;
+    uint64_t gran;              /* bytes */
+    /*
+     * Each block's content (0: reads as zeroes, else its data's tag) when
+     * the bitmap was added or last cleared: every granule whose content
+     * differs from it must be set in an enabled bitmap
+     */
+    uint32_t *base;
+    uint8_t *bits;              /* committed, disabled only: unchanging */
+    uint64_t nbits;
+} BmRec;
+
 typedef struct State {
     uint64_t gen;
     Model m;
@@ -60,6 +84,7 @@ typedef struct State {
     uint64_t host_end;
     size_t sb_index;            /* log index of its superblock write */
     size_t end;                 /* log prefix that makes it durable */
+    BmRec bm[NBM];
 } State;
 
 typedef struct Workload {
@@ -71,7 +96,40 @@ typedef struct Workload {
     uint32_t tag;
     uint8_t *buf;
     const char *backing;
+    BmRec bm[NBM];
+    /*
+     * Host block -> 1 + log index of its last write in place: a crash
+     * image may hold it, torn or not, with the mapping of any state
+     * committed before it
+     */
+    GHashTable *in_place;
+    /*
+     * The last write in place, whose request may not have returned when
+     * the caller clears a bitmap (QEMU marks its copy when it returns):
+     * its block and content before it; -1: none since the last commit
+     */
+    int64_t inflight;
+    uint32_t inflight_prev;
+    uint64_t n_in_place, n_moved, n_clears;
 } Workload;
+
+static const char *bm_name[NBM] = { "b0", "b1", "b2", "b3" };
+
+static void bm_rec_copy(BmRec *dst, const BmRec *src, uint64_t nblocks)
+{
+    *dst = *src;
+    dst->base = src->base ? g_memdup2(src->base, nblocks * sizeof(uint32_t))
+                          : NULL;
+    dst->bits = src->bits ? g_memdup2(src->bits, src->nbits) : NULL;
+}
+
+static void bm_rec_free(BmRec *b)
+{
+    g_free(b->base);
+    g_free(b->bits);
+    b->base = NULL;
+    b->bits = NULL;
+}
 
 static const ExtreeCreateParams create_params = {
     .virtual_size = VSIZE,
@@ -129,6 +187,21 @@ static void wl_record_state(Workload *w, size_t from, bool forced)
     s.forced = forced;
     s.backing = w->backing;
     s.host_end = extree_host_end(w->t);
+    for (int i = 0; i < NBM; i++) {
+        BmRec *b = &w->bm[i];
+
+        if (b->present && !b->enabled && !b->bits) {
+            /* disabled: what this commit stored stays */
+            int k = extree_bitmap_find(w->t, bm_name[i]);
+
+            g_assert_cmpint(k, >=, 0);
+            b->nbits = extree_bitmap_bytes(w->t, k);
+            b->bits = g_malloc(b->nbits);
+            extree_bitmap_read(w->t, k, b->bits);
+        }
+        bm_rec_copy(&s.bm[i], b, VSIZE / BS);
+    }
+    w->inflight = -1;
     g_array_append_val(w->states, s);
 }
 
@@ -237,6 +310,8 @@ static void wl_start(Workload *w, uint64_t seed)
     w->be = extree_mem_backend_new();
     w->states = g_array_new(false, false, sizeof(State));
     w->buf = g_malloc(WBUF);
+    w->in_place = g_hash_table_new(NULL, NULL);
+    w->inflight = -1;
     model_init(&w->model, VSIZE, BS);
     g_assert_cmpint(extree_create(w->be, &create_params, &err), ==, 0);
 
@@ -377,6 +452,209 @@ static void wl_partial(Workload *w)
     wl_commit(w);
 }
 
+/* ---- persistent dirty bitmaps ---- */
+
+/* What block @i reads as: 0 for zeroes, else its data's tag */
+static uint32_t content_of(const Model *m, uint64_t i)
+{
+    return m->b[i].type == EXTREE_RUN_DATA ? m->b[i].tag : 0;
+}
+
+static void bm_set_base(Workload *w, BmRec *b)
+{
+    if (!b->base) {
+        b->base = g_new(uint32_t, VSIZE / BS);
+    }
+    for (uint64_t i = 0; i < VSIZE / BS; i++) {
+        b->base[i] = content_of(&w->model, i);
+    }
+}
+
+static void wl_bm_add(Workload *w, int i, uint64_t gran)
+{
+    BmRec *b = &w->bm[i];
+
+    g_assert_cmpint(extree_bitmap_add(w->t, bm_name[i], gran, true), ==, 0);
+    b->present = b->enabled = true;
+    b->gran = gran;
+    bm_set_base(w, b);
+}
+
+/*
+ * The caller cleared bitmap @i in its copy and syncs it, as QEMU's
+ * block-dirty-bitmap-clear (or a backup) and the driver's next commit do.
+ * The last write in place may not have returned yet: then it counts as a
+ * change after the clear (issue 49 A), and only its mark, made before its
+ * data went out, keeps it in the bitmap.
+ */
+static void wl_bm_clear(Workload *w, int i)
+{
+    BmRec *b = &w->bm[i];
+    int k = extree_bitmap_find(w->t, bm_name[i]);
+    uint8_t *zero = g_malloc0(extree_bitmap_bytes(w->t, k));
+
+    g_assert_cmpint(extree_bitmap_sync(w->t, k, zero, b->enabled, false), ==,
+                    0);
+    g_free(zero);
+    bm_set_base(w, b);
+    if (w->inflight >= 0 && model_rand_below(&w->rng, 2)) {
+        b->base[w->inflight] = w->inflight_prev;
+    }
+    w->n_clears++;
+}
+
+/* Disabled in the caller's copy, its bits as they are */
+static void wl_bm_disable(Workload *w, int i)
+{
+    int k = extree_bitmap_find(w->t, bm_name[i]);
+    uint8_t *bits = g_malloc(extree_bitmap_bytes(w->t, k));
+
+    extree_bitmap_read(w->t, k, bits);
+    g_assert_cmpint(extree_bitmap_sync(w->t, k, bits, false, false), ==, 0);
+    g_free(bits);
+    w->bm[i].enabled = false;
+}
+
+/* block-dirty-bitmap-merge of @src into @dst (the same granularity) */
+static void wl_bm_merge(Workload *w, int dst, int src)
+{
+    int kd = extree_bitmap_find(w->t, bm_name[dst]);
+    int ks = extree_bitmap_find(w->t, bm_name[src]);
+    uint8_t *bits = g_malloc(extree_bitmap_bytes(w->t, ks));
+
+    g_assert_cmpuint(w->bm[dst].gran, ==, w->bm[src].gran);
+    extree_bitmap_read(w->t, ks, bits);
+    g_assert_cmpint(extree_bitmap_sync(w->t, kd, bits, w->bm[dst].enabled,
+                                       true), ==, 0);
+    g_free(bits);
+}
+
+static void wl_bm_remove(Workload *w, int i)
+{
+    g_assert_cmpint(extree_bitmap_remove(w->t, bm_name[i]), ==, 0);
+    bm_rec_free(&w->bm[i]);
+    w->bm[i].present = false;
+}
+
+/*
+ * A guest write of blocks [blk, blk + n), block by block as the driver
+ * decides it (xt_write_mode()): in place where extree_in_place() allows
+ * it, marked before the data goes out (extree_bitmaps_mark()), else to
+ * new space
+ */
+static void wl_write_bm(Workload *w, uint64_t blk, uint64_t n)
+{
+    for (uint64_t b = blk; b < blk + n; b++) {
+        ExtreeCursor c;
+        ExtreeRun run;
+        bool in_place = false;
+
+        extree_cursor_init(&c, w->t);
+        g_assert_cmpint(extree_cursor_query(&c, b * BS, BS,
+                                            EXTREE_COALESCE_HOST, &run), ==,
+                        0);
+        if (run.type == EXTREE_RUN_DATA) {
+            g_assert_cmpint(extree_in_place(w->t, &run, b * BS, BS,
+                                            &in_place), ==, 0);
+        }
+        extree_cursor_release(&c);
+        if (in_place) {
+            uint64_t host = run.host + b * BS - run.guest;
+            uint32_t tag = ++w->tag;
+
+            extree_bitmaps_mark(w->t, b * BS, BS);
+            fill_block(w->buf, b * BS, tag);
+            g_assert_cmpint(w->be->ops->pwrite(w->be->opaque, host, w->buf,
+                                               BS), ==, 0);
+            g_hash_table_insert(w->in_place, GSIZE_TO_POINTER(host / BS),
+                                GSIZE_TO_POINTER(
+                                    extree_mem_backend_log_length(w->be)));
+            w->inflight = b;
+            w->inflight_prev = content_of(&w->model, b);
+            model_set(&w->model, b, 1, EXTREE_RUN_DATA, host, tag);
+            w->n_in_place++;
+        } else {
+            wl_insert(w, b, 1, true);
+            w->n_moved++;
+        }
+    }
+}
+
+/* Writes (mostly over data written before), zeroes, punches, clears */
+static void wl_bm_random_op(Workload *w, uint64_t area)
+{
+    uint64_t n = 1 + model_rand_below(&w->rng, 8);
+    uint64_t blk = model_rand_below(&w->rng, area - n + 1);
+    unsigned dice = model_rand_below(&w->rng, 100);
+    uint64_t gen = extree_generation(w->t);
+    size_t from = extree_mem_backend_log_length(w->be);
+    int i = model_rand_below(&w->rng, NBM);
+
+    if (dice < 70) {
+        wl_write_bm(w, blk, n);
+    } else if (dice < 82) {
+        g_assert_cmpint(extree_set_zero(w->t, blk * BS, n * BS), ==, 0);
+        model_set(&w->model, blk, n, EXTREE_RUN_ZERO, 0, 0);
+        wl_after_update(w, gen, from);
+    } else if (dice < 90) {
+        g_assert_cmpint(extree_punch(w->t, blk * BS, n * BS), ==, 0);
+        model_set(&w->model, blk, n, EXTREE_RUN_UNALLOC, 0, 0);
+        wl_after_update(w, gen, from);
+    } else if (dice < 95 && w->bm[i].present && w->bm[i].enabled) {
+        wl_bm_clear(w, i);
+    } else if (dice >= 95) {
+        wl_commit(w);
+    }
+}
+
+/*
+ * Persistent bitmaps (issue 49, point 3): b0 enabled throughout; b1
+ * disabled half-way; b2 added, merged into (b0) and cleared later; b3
+ * added and removed; clears at random.  Writes go in place where the core
+ * allows it and to new space elsewhere, among zeroes and punches.
+ */
+static void wl_bitmaps(Workload *w)
+{
+    uint64_t area = (1 << 20) / BS;
+
+    wl_bm_add(w, 0, BS);
+    wl_bm_add(w, 1, 8 * BS);
+    wl_write_bm(w, 0, area / 4);
+    wl_commit(w);
+    for (int i = 0; i < 150; i++) {
+        wl_bm_random_op(w, area / 4);
+    }
+    wl_commit(w);
+    wl_bm_add(w, 2, BS);
+    wl_bm_add(w, 3, 4 * BS);
+    for (int i = 0; i < 100; i++) {
+        wl_bm_random_op(w, area / 4);
+    }
+    wl_commit(w);
+    wl_bm_disable(w, 1);
+    for (int i = 0; i < 60; i++) {
+        wl_bm_random_op(w, area / 4);
+    }
+    wl_bm_merge(w, 2, 0);
+    for (int i = 0; i < 60; i++) {
+        wl_bm_random_op(w, area / 4);
+    }
+    wl_commit(w);
+    wl_bm_clear(w, 2);
+    for (int i = 0; i < 60; i++) {
+        wl_bm_random_op(w, area / 4);
+    }
+    wl_bm_remove(w, 3);
+    for (int i = 0; i < 100; i++) {
+        wl_bm_random_op(w, area / 4);
+    }
+    wl_commit(w);
+    g_test_message("bitmaps: %" PRIu64 " blocks written in place, %" PRIu64
+                   " to new space, %" PRIu64 " clears", w->n_in_place,
+                   w->n_moved, w->n_clears);
+    g_assert_cmpuint(w->n_in_place, >, 0);
+}
+
 typedef struct Script {
     void (*run)(Workload *w);
     bool truncates;             /* must make the file shorter */
@@ -385,13 +663,21 @@ typedef struct Script {
 static const Script script_mixed = { wl_mixed, false };
 static const Script script_shrink = { wl_shrink, true };
 static const Script script_partial = { wl_partial, false };
+static const Script script_bitmaps = { wl_bitmaps, false };
 
 static void wl_free(Workload *w)
 {
     for (guint i = 0; i < w->states->len; i++) {
         State *s = &g_array_index(w->states, State, i);
         model_destroy(&s->m);
+        for (int j = 0; j < NBM; j++) {
+            bm_rec_free(&s->bm[j]);
+        }
     }
+    for (int j = 0; j < NBM; j++) {
+        bm_rec_free(&w->bm[j]);
+    }
+    g_hash_table_destroy(w->in_place);
     g_array_free(w->states, true);
     model_destroy(&w->model);
     extree_mem_backend_free(w->be);
@@ -401,18 +687,36 @@ static void wl_free(Workload *w)
 /* ---- verification of one crash image ---- */
 
 typedef struct CrashStats {
-    uint64_t images, leaky_images, leaks, leaked_bytes;
+    uint64_t images, leaky_images, leaks, leaked_bytes, granules_checked;
     uint64_t per_state[64];
 } CrashStats;
 
-/* Every DATA block of @m holds what was written for it */
-static char *check_data(ExtreeBackend *img, const Model *m)
+/*
+ * Was host block @host written in place after state @s was committed?  It
+ * may hold anything then: the write, torn or not, or what it had.
+ */
+static bool written_after(Workload *w, const State *s, uint64_t host)
 {
+    size_t at = GPOINTER_TO_SIZE(g_hash_table_lookup(w->in_place,
+                                                     GSIZE_TO_POINTER(host /
+                                                                      BS)));
+
+    return at > s->sb_index + 1;
+}
+
+/*
+ * Every DATA block of @s holds what was written for it, but for writes in
+ * place after it
+ */
+static char *check_data(Workload *w, ExtreeBackend *img, const State *s)
+{
+    const Model *m = &s->m;
     DataHeader h;
 
     for (uint64_t i = 0; i < m->nblocks; i++) {
         const ModelBlock *b = &m->b[i];
-        if (b->type != EXTREE_RUN_DATA || !b->tag) {
+        if (b->type != EXTREE_RUN_DATA || !b->tag ||
+            written_after(w, s, b->host)) {
             continue;
         }
         g_assert_cmpint(img->ops->pread(img->opaque, b->host, &h, sizeof(h)),
@@ -423,6 +727,95 @@ static char *check_data(ExtreeBackend *img, const Model *m)
                                    PRIu64 ", expect tag %u", i * BS, b->host,
                                    h.guest, h.tag, b->tag);
         }
+    }
+    return NULL;
+}
+
+/*
+ * The bitmaps of state @s, and in each enabled one the granule of every
+ * block whose content (as the image reads now) differs from its content
+ * when the bitmap was added or last cleared (spec: Persistent dirty
+ * bitmaps); a disabled one as committed
+ */
+static char *check_bitmaps(Workload *w, ExtreeBackend *img, Extree *t,
+                           const State *s, CrashStats *cs)
+{
+    unsigned present = 0;
+
+    for (int i = 0; i < NBM; i++) {
+        const BmRec *b = &s->bm[i];
+        ExtreeBitmapInfo info;
+        uint8_t *bits;
+        uint64_t len, per;
+        int k;
+
+        if (!b->present) {
+            if (extree_bitmap_find(t, bm_name[i]) >= 0) {
+                return g_strdup_printf("bitmap %s loads, removed",
+                                       bm_name[i]);
+            }
+            continue;
+        }
+        present++;
+        k = extree_bitmap_find(t, bm_name[i]);
+        if (k < 0) {
+            return g_strdup_printf("bitmap %s missing", bm_name[i]);
+        }
+        g_assert_cmpint(extree_bitmap_info(t, k, &info), ==, 0);
+        if (info.enabled != b->enabled || info.granularity != b->gran) {
+            return g_strdup_printf("bitmap %s: enabled %d granularity %"
+                                   PRIu64 ", expected %d %" PRIu64,
+                                   bm_name[i], info.enabled,
+                                   info.granularity, b->enabled, b->gran);
+        }
+        len = extree_bitmap_bytes(t, k);
+        bits = g_malloc(len);
+        extree_bitmap_read(t, k, bits);
+        if (!b->enabled) {
+            bool same = len == b->nbits && !memcmp(bits, b->bits, len);
+
+            g_free(bits);
+            if (!same) {
+                return g_strdup_printf("disabled bitmap %s changed",
+                                       bm_name[i]);
+            }
+            continue;
+        }
+        per = b->gran / BS;
+        for (uint64_t blk = 0; blk < s->m.nblocks; blk++) {
+            const ModelBlock *mb = &s->m.b[blk];
+            uint64_t g = blk / per;
+            uint32_t now = content_of(&s->m, blk);
+            bool unknown = false;
+
+            if (mb->type == EXTREE_RUN_DATA && mb->tag &&
+                written_after(w, s, mb->host)) {
+                DataHeader h;
+
+                /* what the write in place left, if it is any write */
+                g_assert_cmpint(img->ops->pread(img->opaque, mb->host, &h,
+                                                sizeof(h)), ==, 0);
+                unknown = h.magic != DATA_MAGIC || h.guest != blk * BS;
+                now = h.tag;
+            }
+            if ((unknown || now != b->base[blk]) &&
+                !(bits[g / 8] & (1 << (g % 8)))) {
+                char *msg = g_strdup_printf(
+                    "bitmap %s: granule %" PRIu64 " not set, block %" PRIu64
+                    " reads %s%u, was %u at the add or last clear",
+                    bm_name[i], g, blk, unknown ? "torn " : "", now,
+                    b->base[blk]);
+
+                g_free(bits);
+                return msg;
+            }
+            cs->granules_checked++;
+        }
+        g_free(bits);
+    }
+    if (extree_bitmap_count(t) != present) {
+        return g_strdup_printf("%u bitmaps, expected %u",
+                               extree_bitmap_count(t), present);
     }
     return NULL;
 }
@@ -483,7 +876,10 @@ static void verify_image(Workload *w, size_t p, ExtreeCrashMode mode,
     }
     diff = model_compare_walk(&s->m, t, EXTREE_COALESCE_HOST, NULL);
     if (!diff) {
-        diff = check_data(img, &s->m);
+        diff = check_data(w, img, s);
+    }
+    if (!diff) {
+        diff = check_bitmaps(w, img, t, s, cs);
     }
     if (!diff && g_strcmp0(extree_backing_file(t), s->backing)) {
         diff = g_strdup_printf("backing file '%s', expected '%s'",
@@ -558,9 +954,11 @@ static void test_enumerate(gconstpointer opaque)
         }
     }
     g_test_message("%" PRIu64 " crash images verified in %.2f s; %" PRIu64
-                   " with leaks (%" PRIu64 " leaks, %" PRIu64 " bytes)",
+                   " with leaks (%" PRIu64 " leaks, %" PRIu64 " bytes); %"
+                   PRIu64 " bitmap granules checked",
                    cs.images, (g_get_monotonic_time() - t0) / 1e6,
-                   cs.leaky_images, cs.leaks, cs.leaked_bytes);
+                   cs.leaky_images, cs.leaks, cs.leaked_bytes,
+                   cs.granules_checked);
     for (guint i = 0; i < MIN(w.states->len, G_N_ELEMENTS(cs.per_state)); i++) {
         g_test_message("  state %u shown by %" PRIu64 " images", i,
                        cs.per_state[i]);
@@ -946,6 +1344,8 @@ int main(int argc, char **argv)
     g_test_add_data_func("/crash/enumerate/shrink", &script_shrink,
                          test_enumerate);
     g_test_add_data_func("/crash/enumerate/partial", &script_partial,
+                         test_enumerate);
+    g_test_add_data_func("/crash/enumerate/bitmaps", &script_bitmaps,
                          test_enumerate);
     g_test_add_func("/crash/faults", test_faults);
     g_test_add_func("/crash/read-faults", test_read_faults);
