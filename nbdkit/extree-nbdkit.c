@@ -215,7 +215,7 @@ static int xp_open_core(bool read_only)
         xp.t = NULL;
         return -1;
     }
-    ret = extree_open(&xp.be, &o, &xp.t, &errmsg);
+    ret = extree_open(xp.be, &o, &xp.t, &errmsg);
     if (ret < 0) {
         if (ret == -EACCES && !read_only) {
             nbdkit_error("%s: image is marked corrupt and cannot be opened "
@@ -312,7 +312,7 @@ static int xp_create_image(void)
     char *errmsg = NULL;
     int ret;
 
-    ret = extree_create(&xp.be, &p, &errmsg);
+    ret = extree_create(xp.be, &p, &errmsg);
     if (ret < 0) {
         nbdkit_error("%s: could not create the image: %s", cfg.file,
                      errmsg ? errmsg : strerror(-ret));
@@ -364,8 +364,7 @@ static int xp_get_ready(void)
         return -1;
     }
     xp.is_blk = S_ISBLK(st.st_mode);
-    xp.be.ops = &xp_backend_ops;
-    xp.be.opaque = NULL;
+    xp.be = extree_posix_backend_wrap(xp.fd);
 
     if (cfg.create && xp_lock_image(true, &errmsg) < 0) {
         nbdkit_error("%s: %s", cfg.file, errmsg);
@@ -421,6 +420,8 @@ static void xp_cleanup(void)
         extree_close(xp.t);
         xp.t = NULL;
     }
+    extree_posix_backend_close(xp.be);
+    xp.be = NULL;
     if (xp.fd >= 0) {
         close(xp.fd);
         xp.fd = -1;

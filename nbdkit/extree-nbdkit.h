@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "extree.h"
+#include "extree-backend.h"
 
 #define XP_ROUND_UP(n, d)       (((n) + (d) - 1) / (d) * (d))
 #define XP_ALIGN_DOWN(n, d)     ((n) / (d) * (d))
@@ -36,7 +37,8 @@ typedef struct XpState {
     int fd;
     bool fd_read_only;              /* the file could not be opened O_RDWR */
     bool is_blk;                    /* a block device: of fixed size */
-    ExtreeBackend be;
+    /* the core's POSIX backend over @fd (extree_posix_backend_wrap()) */
+    ExtreeBackend *be;
 
     /*
      * @lock: every call into the core, and every field below.  Dropped
@@ -80,12 +82,23 @@ typedef struct XpConn {
 
 /* ---- extree-nbdkit-file.c ---- */
 
-extern const ExtreeBackendOps xp_backend_ops;
 /* Whole reads (zeroes past the end of the file) and writes of xp.fd */
-int xp_pread_full(void *buf, uint64_t bytes, uint64_t offset);
-int xp_pwrite_full(const void *buf, uint64_t bytes, uint64_t offset);
+static inline int xp_pread_full(void *buf, uint64_t bytes, uint64_t offset)
+{
+    return xp.be->ops->pread(xp.be->opaque, offset, buf, bytes);
+}
+
+static inline int xp_pwrite_full(const void *buf, uint64_t bytes,
+                                 uint64_t offset)
+{
+    return xp.be->ops->pwrite(xp.be->opaque, offset, buf, bytes);
+}
+
 /* The file's length, or a block device's size; -errno */
-int64_t xp_file_length(void);
+static inline int64_t xp_file_length(void)
+{
+    return xp.be->ops->get_length(xp.be->opaque);
+}
 /*
  * Take QEMU's locks for an image opened read-only or (@write) read/write;
  * -EAGAIN with QEMU's message in *@errmsg if another process (QEMU, another

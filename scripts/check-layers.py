@@ -87,8 +87,11 @@ def symbols(obj):
 
 
 def public_api(top):
-    with open(os.path.join(top, 'block/extree/extree.h')) as f:
-        text = f.read()
+    """extree.h, and extree-backend.h's backends (the plugin's I/O)"""
+    text = ''
+    for h in ('block/extree/extree.h', 'block/extree/extree-backend.h'):
+        with open(os.path.join(top, h)) as f:
+            text += f.read()
     return set(re.findall(r'\b(extree_\w+)\(', text))
 
 

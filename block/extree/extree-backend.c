@@ -1,5 +1,6 @@
 /*
- * extree backends for tests and tools: memory and POSIX file
+ * extree backends for tests and tools: memory, and POSIX files and block
+ * devices (the nbdkit plugin's)
  *
  * Copyright (c) 2026 The extree authors
  *
@@ -12,8 +13,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <linux/fs.h>           /* BLKGETSIZE64, BLKDISCARD */
+#endif
 
 #include <glib.h>
 
@@ -629,8 +634,11 @@ void extree_mem_backend_reset_stats(ExtreeBackend *be)
 typedef struct PosixBackend {
     ExtreeBackend be;
     int fd;
+    bool owned;                 /* opened here: closed by close() */
+    bool is_blk;                /* a block device: of fixed size */
 } PosixBackend;
 
+/* Reads past the end of the file return zeroes, as QEMU's file protocol */
 static int posix_op_pread(void *opaque, uint64_t offset, void *buf,
                           uint64_t bytes)
 {
@@ -646,7 +654,6 @@ static int posix_op_pread(void *opaque, uint64_t offset, void *buf,
             return -errno;
         }
         if (n == 0) {
-            /* Past the end of the file reads as zeros, as in QEMU */
             memset(out, 0, bytes);
             break;
         }
@@ -689,17 +696,28 @@ static int posix_op_truncate(void *opaque, uint64_t size)
 {
     PosixBackend *p = opaque;
 
+    if (p->is_blk) {
+        return -ENOTSUP;
+    }
     if (size > INT64_MAX) {
         return -EFBIG;
     }
     return ftruncate(p->fd, size) < 0 ? -errno : 0;
 }
 
+/* A hole where the filesystem can punch one; BLKDISCARD on a device */
 static int posix_op_discard(void *opaque, uint64_t offset, uint64_t bytes)
 {
-#ifdef FALLOC_FL_PUNCH_HOLE
     PosixBackend *p = opaque;
 
+#ifdef BLKDISCARD
+    if (p->is_blk) {
+        uint64_t range[2] = { offset, bytes };
+
+        return ioctl(p->fd, BLKDISCARD, range) < 0 ? -errno : 0;
+    }
+#endif
+#ifdef FALLOC_FL_PUNCH_HOLE
     if (fallocate(p->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                   offset, bytes) < 0) {
         return -errno;
@@ -715,7 +733,26 @@ static int64_t posix_op_get_length(void *opaque)
     PosixBackend *p = opaque;
     struct stat st;
 
-    return fstat(p->fd, &st) < 0 ? -errno : st.st_size;
+    if (fstat(p->fd, &st) < 0) {
+        return -errno;
+    }
+#ifdef BLKGETSIZE64
+    if (S_ISBLK(st.st_mode)) {
+        uint64_t len;
+
+        return ioctl(p->fd, BLKGETSIZE64, &len) < 0 ? -errno : (int64_t)len;
+    }
+#endif
+    return st.st_size;
+}
+
+/* Readahead of the leaves of a forward walk: one read after another */
+static void posix_op_pread_many(void *opaque, int n, const uint64_t *offsets,
+                                void *const *bufs, uint64_t bytes, int *rets)
+{
+    for (int i = 0; i < n; i++) {
+        rets[i] = posix_op_pread(opaque, offsets[i], bufs[i], bytes);
+    }
 }
 
 static const ExtreeBackendOps posix_ops = {
@@ -725,13 +762,26 @@ static const ExtreeBackendOps posix_ops = {
     .truncate = posix_op_truncate,
     .discard = posix_op_discard,
     .get_length = posix_op_get_length,
+    .pread_many = posix_op_pread_many,
 };
+
+static ExtreeBackend *posix_new(int fd, bool owned)
+{
+    PosixBackend *p = g_new0(PosixBackend, 1);
+    struct stat st;
+
+    p->be.ops = &posix_ops;
+    p->be.opaque = p;
+    p->fd = fd;
+    p->owned = owned;
+    p->is_blk = fstat(fd, &st) == 0 && S_ISBLK(st.st_mode);
+    return &p->be;
+}
 
 ExtreeBackend *extree_posix_backend_open(const char *path, bool create,
                                          char **errmsg)
 {
     int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0);
-    PosixBackend *p;
     int fd;
 
     do {
@@ -745,11 +795,18 @@ ExtreeBackend *extree_posix_backend_open(const char *path, bool create,
         }
         return NULL;
     }
-    p = g_new0(PosixBackend, 1);
-    p->be.ops = &posix_ops;
-    p->be.opaque = p;
-    p->fd = fd;
-    return &p->be;
+    return posix_new(fd, true);
+}
+
+ExtreeBackend *extree_posix_backend_wrap(int fd)
+{
+    return posix_new(fd, false);
+}
+
+bool extree_posix_backend_is_blk(ExtreeBackend *be)
+{
+    assert(be->ops == &posix_ops);
+    return ((PosixBackend *)be->opaque)->is_blk;
 }
 
 void extree_posix_backend_close(ExtreeBackend *be)
@@ -761,6 +818,8 @@ void extree_posix_backend_close(ExtreeBackend *be)
     }
     assert(be->ops == &posix_ops);
     p = be->opaque;
-    close(p->fd);
+    if (p->owned) {
+        close(p->fd);
+    }
     g_free(p);
 }

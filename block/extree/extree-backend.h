@@ -135,12 +135,20 @@ void extree_mem_backend_reset_stats(ExtreeBackend *be);
 /* ---- POSIX file backend ---- */
 
 /*
- * Open (@create: create or truncate to 0) the file @path.  Flush is
- * fdatasync, discard punches a hole where the filesystem can.  On failure
+ * A regular file or a block device.  Reads past the end of a file return
+ * zeroes (as QEMU's file protocol); flush is fdatasync; a file grows by
+ * writes past its end and gives space back by punching holes, a block
+ * device has a fixed size (truncate: -ENOTSUP) and gives it back by
+ * BLKDISCARD.
+ *
+ * Open (@create: create or truncate to 0) the file @path.  On failure
  * returns NULL with a g_malloc'd message in *@errmsg.
  */
 ExtreeBackend *extree_posix_backend_open(const char *path, bool create,
                                          char **errmsg);
+/* Over @fd, opened (and locked) by the caller, who closes it */
+ExtreeBackend *extree_posix_backend_wrap(int fd);
+bool extree_posix_backend_is_blk(ExtreeBackend *be);
 void extree_posix_backend_close(ExtreeBackend *be);
 
 #endif /* BLOCK_EXTREE_BACKEND_H */

@@ -7,6 +7,7 @@
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -277,6 +278,7 @@ static void test_posix(void)
     char *err = NULL;
     ExtreeBackend *be;
     uint8_t buf[8192], out[8192];
+    int fd;
 
     g_assert_nonnull(dir);
     g_assert_null(extree_posix_backend_open(bad, true, &err));
@@ -308,7 +310,21 @@ static void test_posix(void)
     be = extree_posix_backend_open(path, false, &err);
     g_assert_nonnull(be);
     g_assert_cmpint(be->ops->get_length(be->opaque), ==, 4096);
+    g_assert_false(extree_posix_backend_is_blk(be));
     extree_posix_backend_close(be);
+
+    /* over the caller's descriptor (the plugin's): left open at close */
+    fd = open(path, O_RDWR);
+    g_assert_cmpint(fd, >=, 0);
+    be = extree_posix_backend_wrap(fd);
+    g_assert_cmpint(be_write(be, 0, buf, 4096), ==, 0);
+    g_assert_cmpint(be_read(be, 0, out, 8192), ==, 0);
+    g_assert_true(all(out, 4096, 0x77));
+    g_assert_true(all(out + 4096, 4096, 0));
+    g_assert_nonnull(be->ops->pread_many);
+    extree_posix_backend_close(be);
+    g_assert_cmpint(fcntl(fd, F_GETFD), >=, 0);
+    close(fd);
     g_assert_cmpint(g_unlink(path), ==, 0);
     g_assert_cmpint(g_rmdir(dir), ==, 0);
 }
