@@ -122,8 +122,8 @@ xt_compressed_unit(BlockDriverState *bs, uint64_t offset, uint64_t bytes,
     qemu_vfree(buf);
     qemu_vfree(payload);
     if (ret == 1) {
-        return extree_co_pwrite_zeroes(bs, offset, bytes,
-                                       BDRV_REQ_MAY_UNMAP);
+        return xt_co_pwrite_zeroes(bs, offset, bytes,
+                                   BDRV_REQ_MAY_UNMAP);
     } else if (ret == -ENOSPC) {
         return xt_pwritev(bs, offset, bytes, qiov, qiov_offset, false);
     }
@@ -154,9 +154,9 @@ xt_compress_rw_unit(void *opaque, uint64_t offset, uint64_t bytes)
  * block-aligned (except at the end of the disk) is written as it is.
  */
 int coroutine_fn GRAPH_RDLOCK
-extree_co_pwritev_compressed_part(BlockDriverState *bs, int64_t offset,
-                                  int64_t bytes, QEMUIOVector *qiov,
-                                  size_t qiov_offset)
+xt_co_pwritev_compressed_part(BlockDriverState *bs, int64_t offset,
+                              int64_t bytes, QEMUIOVector *qiov,
+                              size_t qiov_offset)
 {
     BDRVExtreeState *s = bs->opaque;
     uint64_t bsz = s->block_size;

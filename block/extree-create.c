@@ -84,7 +84,7 @@ static uint64_t xt_default_node_size(uint64_t block_size)
 }
 
 int coroutine_fn GRAPH_UNLOCKED
-extree_co_create(BlockdevCreateOptions *opts, Error **errp)
+xt_co_create(BlockdevCreateOptions *opts, Error **errp)
 {
     BlockdevCreateOptionsExtree *xo;
     BlockDriverState *bs = NULL;
@@ -203,8 +203,8 @@ out:
 }
 
 int coroutine_fn GRAPH_UNLOCKED
-extree_co_create_opts(BlockDriver *drv, const char *filename, QemuOpts *opts,
-                      Error **errp)
+xt_co_create_opts(BlockDriver *drv, const char *filename, QemuOpts *opts,
+                  Error **errp)
 {
     BlockdevCreateOptions *create_options = NULL;
     BlockDriverState *bs = NULL;
@@ -273,7 +273,7 @@ extree_co_create_opts(BlockDriver *drv, const char *filename, QemuOpts *opts,
         return ret;
     }
 
-    qdict = qemu_opts_to_qdict_filtered(opts, NULL, &extree_create_opts,
+    qdict = qemu_opts_to_qdict_filtered(opts, NULL, &xt_create_opts,
                                         true);
     if (!qdict_rename_keys(qdict, opt_renames, errp)) {
         ret = -EINVAL;
@@ -321,7 +321,7 @@ extree_co_create_opts(BlockDriver *drv, const char *filename, QemuOpts *opts,
     assert(create_options->driver == BLOCKDEV_DRIVER_EXTREE);
     create_options->u.extree.size = size;
 
-    ret = extree_co_create(create_options, errp);
+    ret = xt_co_create(create_options, errp);
 finish:
     if (ret < 0 && bs) {
         bdrv_graph_co_rdlock();
@@ -347,8 +347,8 @@ static QDict *xt_crypt_opts(QemuOpts *opts)
     return cryptoopts;
 }
 
-BlockMeasureInfo *extree_measure(QemuOpts *opts, BlockDriverState *in_bs,
-                                 Error **errp)
+BlockMeasureInfo *xt_measure(QemuOpts *opts, BlockDriverState *in_bs,
+                             Error **errp)
 {
     Error *local_err = NULL;
     BlockMeasureInfo *info;
@@ -475,9 +475,9 @@ BlockMeasureInfo *extree_measure(QemuOpts *opts, BlockDriverState *in_bs,
 /* ---- Amend ---- */
 
 int GRAPH_RDLOCK
-extree_amend_options(BlockDriverState *bs, QemuOpts *opts,
-                     BlockDriverAmendStatusCB *status_cb, void *cb_opaque,
-                     bool force, Error **errp)
+xt_amend_options(BlockDriverState *bs, QemuOpts *opts,
+                 BlockDriverAmendStatusCB *status_cb, void *cb_opaque,
+                 bool force, Error **errp)
 {
     BDRVExtreeState *s = bs->opaque;
     const char *backing_file, *backing_fmt;
@@ -559,8 +559,8 @@ extree_amend_options(BlockDriverState *bs, QemuOpts *opts,
 
 /* x-blockdev-amend: the LUKS key slots */
 int coroutine_fn GRAPH_RDLOCK
-extree_co_amend(BlockDriverState *bs, BlockdevAmendOptions *opts, bool force,
-                Error **errp)
+xt_co_amend(BlockDriverState *bs, BlockdevAmendOptions *opts, bool force,
+            Error **errp)
 {
     BlockdevAmendOptionsExtree *xo = &opts->u.extree;
 
@@ -572,9 +572,9 @@ extree_co_amend(BlockDriverState *bs, BlockdevAmendOptions *opts, bool force,
 
 /* ---- Option lists ---- */
 
-QemuOptsList extree_create_opts = {
+QemuOptsList xt_create_opts = {
     .name = "extree-create-opts",
-    .head = QTAILQ_HEAD_INITIALIZER(extree_create_opts.head),
+    .head = QTAILQ_HEAD_INITIALIZER(xt_create_opts.head),
     .desc = {
         {
             .name = BLOCK_OPT_SIZE,
@@ -636,9 +636,9 @@ QemuOptsList extree_create_opts = {
     }
 };
 
-QemuOptsList extree_amend_opts = {
+QemuOptsList xt_amend_opts = {
     .name = "extree-amend-opts",
-    .head = QTAILQ_HEAD_INITIALIZER(extree_amend_opts.head),
+    .head = QTAILQ_HEAD_INITIALIZER(xt_amend_opts.head),
     .desc = {
         {
             .name = BLOCK_OPT_SIZE,

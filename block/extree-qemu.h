@@ -22,11 +22,14 @@
  *   extree-file.c      the core's backend over bs->file (and over a
  *                      BlockBackend, for create), readahead, grow-ahead of
  *                      the file and the limit of a file that cannot grow
+ *   extree-crc32c-qemu.c  the core's CRC-32C as QEMU's crc32c()
  *
  * Calls go downwards in that list (scripts/check-layers.py): a file calls
- * the files below it, never one above.  The driver's own functions are
- * xt_*, except its BlockDriver callbacks, which keep extree_* names as
- * qcow2's do; any other extree_* function the driver calls is the core's.
+ * the files below it, never one above.  Every function the driver defines
+ * is xt_*, its BlockDriver callbacks included (named after their field:
+ * xt_co_preadv_part for .bdrv_co_preadv_part); every extree_* function it
+ * calls is the core's, so no name needs a suffix to tell them apart.
+ * extree-crc32c-qemu.c stands in for the core's CRC-32C (QEMU's).
  *
  * Copyright (c) 2026 The extree authors
  *
@@ -401,41 +404,41 @@ xt_settle_range(BDRVExtreeState *s, uint64_t start, uint64_t end);
 #define EXTREE_OPT_BLOCK_SIZE       "block_size"
 #define EXTREE_OPT_NODE_SIZE        "node_size"
 
-extern QemuOptsList extree_create_opts;
-extern QemuOptsList extree_amend_opts;
+extern QemuOptsList xt_create_opts;
+extern QemuOptsList xt_amend_opts;
 int coroutine_fn GRAPH_UNLOCKED
-extree_co_create(BlockdevCreateOptions *opts, Error **errp);
+xt_co_create(BlockdevCreateOptions *opts, Error **errp);
 int coroutine_fn GRAPH_UNLOCKED
-extree_co_create_opts(BlockDriver *drv, const char *filename, QemuOpts *opts,
-                      Error **errp);
-BlockMeasureInfo *extree_measure(QemuOpts *opts, BlockDriverState *in_bs,
-                                 Error **errp);
+xt_co_create_opts(BlockDriver *drv, const char *filename, QemuOpts *opts,
+                  Error **errp);
+BlockMeasureInfo *xt_measure(QemuOpts *opts, BlockDriverState *in_bs,
+                             Error **errp);
 int GRAPH_RDLOCK
-extree_amend_options(BlockDriverState *bs, QemuOpts *opts,
-                     BlockDriverAmendStatusCB *status_cb, void *cb_opaque,
-                     bool force, Error **errp);
+xt_amend_options(BlockDriverState *bs, QemuOpts *opts,
+                 BlockDriverAmendStatusCB *status_cb, void *cb_opaque,
+                 bool force, Error **errp);
 int coroutine_fn GRAPH_RDLOCK
-extree_co_amend(BlockDriverState *bs, BlockdevAmendOptions *opts, bool force,
-                Error **errp);
+xt_co_amend(BlockDriverState *bs, BlockdevAmendOptions *opts, bool force,
+            Error **errp);
 
 /* extree-snapshot.c: internal snapshots and VM state */
-int GRAPH_RDLOCK extree_snapshot_create_bs(BlockDriverState *bs,
-                                           QEMUSnapshotInfo *sn_info);
-int GRAPH_UNLOCKED extree_snapshot_goto_bs(BlockDriverState *bs,
-                                           const char *snapshot_id);
-int GRAPH_RDLOCK extree_snapshot_delete_bs(BlockDriverState *bs,
-                                           const char *snapshot_id,
-                                           const char *name, Error **errp);
-int GRAPH_RDLOCK extree_snapshot_list_bs(BlockDriverState *bs,
-                                         QEMUSnapshotInfo **psn_tab);
-int GRAPH_RDLOCK extree_snapshot_load_tmp_bs(BlockDriverState *bs,
-                                             const char *snapshot_id,
-                                             const char *name, Error **errp);
+int GRAPH_RDLOCK xt_snapshot_create(BlockDriverState *bs,
+                                    QEMUSnapshotInfo *sn_info);
+int GRAPH_UNLOCKED xt_snapshot_goto(BlockDriverState *bs,
+                                    const char *snapshot_id);
+int GRAPH_RDLOCK xt_snapshot_delete(BlockDriverState *bs,
+                                    const char *snapshot_id,
+                                    const char *name, Error **errp);
+int GRAPH_RDLOCK xt_snapshot_list(BlockDriverState *bs,
+                                  QEMUSnapshotInfo **psn_tab);
+int GRAPH_RDLOCK xt_snapshot_load_tmp(BlockDriverState *bs,
+                                      const char *snapshot_id,
+                                      const char *name, Error **errp);
 int coroutine_fn GRAPH_RDLOCK
-extree_co_save_vmstate(BlockDriverState *bs, QEMUIOVector *qiov,
+xt_co_save_vmstate(BlockDriverState *bs, QEMUIOVector *qiov,
                          int64_t pos);
 int coroutine_fn GRAPH_RDLOCK
-extree_co_load_vmstate(BlockDriverState *bs, QEMUIOVector *qiov,
+xt_co_load_vmstate(BlockDriverState *bs, QEMUIOVector *qiov,
                         int64_t pos);
 /*
  * Hold new data lookups back and wait until no request holds host ranges
@@ -450,32 +453,32 @@ int coroutine_fn GRAPH_RDLOCK xt_make_empty_locked(BDRVExtreeState *s);
 
 /* BlockDriver callbacks */
 int coroutine_fn GRAPH_RDLOCK
-extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
-                      QEMUIOVector *qiov, size_t qiov_offset,
-                      BdrvRequestFlags flags);
+xt_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                  QEMUIOVector *qiov, size_t qiov_offset,
+                  BdrvRequestFlags flags);
 int coroutine_fn GRAPH_RDLOCK
-extree_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
-                       QEMUIOVector *qiov, size_t qiov_offset,
-                       BdrvRequestFlags flags);
+xt_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                   QEMUIOVector *qiov, size_t qiov_offset,
+                   BdrvRequestFlags flags);
 int coroutine_fn GRAPH_RDLOCK
-extree_co_pwritev_compressed_part(BlockDriverState *bs, int64_t offset,
-                                  int64_t bytes, QEMUIOVector *qiov,
-                                  size_t qiov_offset);
-int coroutine_fn GRAPH_RDLOCK extree_co_flush_to_os(BlockDriverState *bs);
+xt_co_pwritev_compressed_part(BlockDriverState *bs, int64_t offset,
+                              int64_t bytes, QEMUIOVector *qiov,
+                              size_t qiov_offset);
+int coroutine_fn GRAPH_RDLOCK xt_co_flush_to_os(BlockDriverState *bs);
 int coroutine_fn GRAPH_RDLOCK
-extree_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes);
+xt_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes);
 int coroutine_fn GRAPH_RDLOCK
-extree_co_pwrite_zeroes(BlockDriverState *bs, int64_t offset, int64_t bytes,
-                        BdrvRequestFlags flags);
+xt_co_pwrite_zeroes(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                    BdrvRequestFlags flags);
 int coroutine_fn GRAPH_RDLOCK
-extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
-                   PreallocMode prealloc, BdrvRequestFlags flags,
-                   Error **errp);
-int64_t coroutine_fn GRAPH_RDLOCK extree_co_getlength(BlockDriverState *bs);
+xt_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
+               PreallocMode prealloc, BdrvRequestFlags flags,
+               Error **errp);
+int64_t coroutine_fn GRAPH_RDLOCK xt_co_getlength(BlockDriverState *bs);
 int coroutine_fn GRAPH_RDLOCK
-extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
-                       int64_t bytes, int64_t *pnum, int64_t *map,
-                       BlockDriverState **file);
+xt_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
+                   int64_t bytes, int64_t *pnum, int64_t *map,
+                   BlockDriverState **file);
 
 /* extree-dirty.c: persistent dirty bitmaps */
 bool xt_bitmaps_any(BDRVExtreeState *s);

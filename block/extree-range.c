@@ -83,7 +83,7 @@ xt_update_range(BDRVExtreeState *s, uint64_t start, uint64_t end,
  * a ZERO extent (like qcow2); its space is freed.
  */
 int coroutine_fn GRAPH_RDLOCK
-extree_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes)
+xt_co_pdiscard(BlockDriverState *bs, int64_t offset, int64_t bytes)
 {
     BDRVExtreeState *s = bs->opaque;
     uint64_t bsz = s->block_size;
@@ -314,8 +314,8 @@ out:
 }
 
 int coroutine_fn GRAPH_RDLOCK
-extree_co_pwrite_zeroes(BlockDriverState *bs, int64_t offset, int64_t bytes,
-                        BdrvRequestFlags flags)
+xt_co_pwrite_zeroes(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                    BdrvRequestFlags flags)
 {
     BDRVExtreeState *s = bs->opaque;
     uint64_t bsz = s->block_size;
@@ -435,9 +435,9 @@ undo:
 }
 
 int coroutine_fn GRAPH_RDLOCK
-extree_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
-                   PreallocMode prealloc, BdrvRequestFlags flags,
-                   Error **errp)
+xt_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
+               PreallocMode prealloc, BdrvRequestFlags flags,
+               Error **errp)
 {
     BDRVExtreeState *s = bs->opaque;
     uint64_t bsz = s->block_size;
@@ -594,7 +594,7 @@ out:
 }
 
 int64_t coroutine_fn GRAPH_RDLOCK
-extree_co_getlength(BlockDriverState *bs)
+xt_co_getlength(BlockDriverState *bs)
 {
     BDRVExtreeState *s = bs->opaque;
 

@@ -164,9 +164,9 @@ xt_read_compressed(BDRVExtreeState *s, const ExtreeRun *run,
  * already merged by the cursor (EXTREE_COALESCE_HOST): one host read each.
  */
 int coroutine_fn GRAPH_RDLOCK
-extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
-                      QEMUIOVector *qiov, size_t qiov_offset,
-                      BdrvRequestFlags flags)
+xt_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                  QEMUIOVector *qiov, size_t qiov_offset,
+                  BdrvRequestFlags flags)
 {
     BDRVExtreeState *s = bs->opaque;
     ExtreeRun runs[EXTREE_READ_BATCH];
@@ -262,9 +262,9 @@ extree_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
  * allocated extent in one answer, like SEEK_HOLE; no host offset then.
  */
 int coroutine_fn GRAPH_RDLOCK
-extree_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
-                       int64_t bytes, int64_t *pnum, int64_t *map,
-                       BlockDriverState **file)
+xt_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
+                   int64_t bytes, int64_t *pnum, int64_t *map,
+                   BlockDriverState **file)
 {
     BDRVExtreeState *s = bs->opaque;
     ExtreeRun run;

@@ -143,7 +143,7 @@ xt_snapshot_create_locked(BDRVExtreeState *s, void *opaque)
 
 /* Like qcow2: the id is generated when @sn_info->id_str is empty */
 int GRAPH_RDLOCK
-extree_snapshot_create_bs(BlockDriverState *bs, QEMUSnapshotInfo *sn_info)
+xt_snapshot_create(BlockDriverState *bs, QEMUSnapshotInfo *sn_info)
 {
     ExtreeSnapArgs a = { .sn_info = sn_info };
 
@@ -198,7 +198,7 @@ xt_snapshot_goto_locked(BDRVExtreeState *s, void *opaque)
  * image, which tells the parents (a guest device) the new size.
  */
 int GRAPH_UNLOCKED
-extree_snapshot_goto_bs(BlockDriverState *bs, const char *snapshot_id)
+xt_snapshot_goto(BlockDriverState *bs, const char *snapshot_id)
 {
     BDRVExtreeState *s = bs->opaque;
     ExtreeSnapArgs a = { .id = snapshot_id };
@@ -269,8 +269,8 @@ xt_snapshot_delete_locked(BDRVExtreeState *s, void *opaque)
 
 /* By id and name, by id or by name (the other NULL), as qcow2 does */
 int GRAPH_RDLOCK
-extree_snapshot_delete_bs(BlockDriverState *bs, const char *snapshot_id,
-                          const char *name, Error **errp)
+xt_snapshot_delete(BlockDriverState *bs, const char *snapshot_id,
+                   const char *name, Error **errp)
 {
     ExtreeSnapArgs a = { .id = snapshot_id, .name = name, .errp = errp };
 
@@ -308,7 +308,7 @@ xt_snapshot_list_locked(BDRVExtreeState *s, void *opaque)
 }
 
 int GRAPH_RDLOCK
-extree_snapshot_list_bs(BlockDriverState *bs, QEMUSnapshotInfo **psn_tab)
+xt_snapshot_list(BlockDriverState *bs, QEMUSnapshotInfo **psn_tab)
 {
     ExtreeSnapArgs a = { .psn_tab = psn_tab };
 
@@ -348,8 +348,8 @@ xt_snapshot_load_tmp_locked(BDRVExtreeState *s, void *opaque)
  * and the node takes the snapshot's size, as qcow2's does.
  */
 int GRAPH_RDLOCK
-extree_snapshot_load_tmp_bs(BlockDriverState *bs, const char *snapshot_id,
-                            const char *name, Error **errp)
+xt_snapshot_load_tmp(BlockDriverState *bs, const char *snapshot_id,
+                     const char *name, Error **errp)
 {
     BDRVExtreeState *s = bs->opaque;
     ExtreeSnapArgs a = { .id = snapshot_id, .name = name, .errp = errp };
@@ -439,14 +439,14 @@ xt_vmstate_rw(BlockDriverState *bs, QEMUIOVector *qiov, int64_t pos,
 }
 
 int coroutine_fn GRAPH_RDLOCK
-extree_co_save_vmstate(BlockDriverState *bs, QEMUIOVector *qiov,
+xt_co_save_vmstate(BlockDriverState *bs, QEMUIOVector *qiov,
                          int64_t pos)
 {
     return xt_vmstate_rw(bs, qiov, pos, true);
 }
 
 int coroutine_fn GRAPH_RDLOCK
-extree_co_load_vmstate(BlockDriverState *bs, QEMUIOVector *qiov,
+xt_co_load_vmstate(BlockDriverState *bs, QEMUIOVector *qiov,
                         int64_t pos)
 {
     return xt_vmstate_rw(bs, qiov, pos, false);

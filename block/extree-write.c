@@ -476,16 +476,16 @@ xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
 }
 
 int coroutine_fn GRAPH_RDLOCK
-extree_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
-                       QEMUIOVector *qiov, size_t qiov_offset,
-                       BdrvRequestFlags flags)
+xt_co_pwritev_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                   QEMUIOVector *qiov, size_t qiov_offset,
+                   BdrvRequestFlags flags)
 {
     return xt_pwritev(bs, offset, bytes, qiov, qiov_offset, false);
 }
 
 /* ---- Flush ---- */
 
-int coroutine_fn GRAPH_RDLOCK extree_co_flush_to_os(BlockDriverState *bs)
+int coroutine_fn GRAPH_RDLOCK xt_co_flush_to_os(BlockDriverState *bs)
 {
     BDRVExtreeState *s = bs->opaque;
     int ret;

@@ -53,9 +53,9 @@ typedef struct ExtreeReopenState {
 
 static BlockDriver bdrv_extree;
 
-static QemuOptsList extree_runtime_opts = {
+static QemuOptsList xt_runtime_opts = {
     .name = "extree",
-    .head = QTAILQ_HEAD_INITIALIZER(extree_runtime_opts.head),
+    .head = QTAILQ_HEAD_INITIALIZER(xt_runtime_opts.head),
     .desc = {
         {
             .name = EXTREE_OPT_CACHE_SIZE,
@@ -77,12 +77,12 @@ static QemuOptsList extree_runtime_opts = {
 };
 
 /* The key decides what the image reads as (bdrv_refresh_filename()) */
-static const char *const extree_strong_runtime_opts[] = {
+static const char *const xt_strong_runtime_opts[] = {
     "encrypt." BLOCK_CRYPTO_OPT_LUKS_KEY_SECRET,
     NULL
 };
 
-static const char *const extree_mutable_opts[] = {
+static const char *const xt_mutable_opts[] = {
     EXTREE_OPT_CACHE_SIZE,
     EXTREE_OPT_COMMIT_INTERVAL,
     NULL
@@ -124,7 +124,7 @@ static void xt_commit_timer_cb(void *opaque)
     xt_start_commit_co(opaque);
 }
 
-static void extree_detach_aio_context(BlockDriverState *bs)
+static void xt_detach_aio_context(BlockDriverState *bs)
 {
     BDRVExtreeState *s = bs->opaque;
 
@@ -134,8 +134,8 @@ static void extree_detach_aio_context(BlockDriverState *bs)
     }
 }
 
-static void extree_attach_aio_context(BlockDriverState *bs,
-                                      AioContext *new_context)
+static void xt_attach_aio_context(BlockDriverState *bs,
+                                  AioContext *new_context)
 {
     BDRVExtreeState *s = bs->opaque;
 
@@ -154,7 +154,7 @@ static void extree_attach_aio_context(BlockDriverState *bs,
  * A drained section must not see the timer start I/O: commit now instead
  * (the drain waits for it), as QED does with its need-check timer.
  */
-static void extree_drain_begin(BlockDriverState *bs)
+static void xt_drain_begin(BlockDriverState *bs)
 {
     BDRVExtreeState *s = bs->opaque;
 
@@ -169,7 +169,7 @@ static void extree_drain_begin(BlockDriverState *bs)
  * so the core's marks kept for requests in flight can go
  * (extree_bitmaps_keep_marks()).  Nothing else uses the handle now.
  */
-static void extree_drain_end(BlockDriverState *bs)
+static void xt_drain_end(BlockDriverState *bs)
 {
     BDRVExtreeState *s = bs->opaque;
 
@@ -182,7 +182,7 @@ static void extree_drain_end(BlockDriverState *bs)
 
 /* ---- Probe, open, close ---- */
 
-static int extree_probe(const uint8_t *buf, int buf_size, const char *filename)
+static int xt_probe(const uint8_t *buf, int buf_size, const char *filename)
 {
     uint64_t magic;
 
@@ -199,7 +199,7 @@ static int xt_parse_runtime_opts(QDict *options, uint64_t *cache_size,
     QemuOpts *opts;
     int ret = 0;
 
-    opts = qemu_opts_create(&extree_runtime_opts, NULL, 0, &error_abort);
+    opts = qemu_opts_create(&xt_runtime_opts, NULL, 0, &error_abort);
     if (!qemu_opts_absorb_qdict(opts, options, errp)) {
         ret = -EINVAL;
         goto out;
@@ -402,8 +402,8 @@ static void coroutine_fn xt_open_entry(void *opaque)
     aio_wait_kick();
 }
 
-static int extree_open_bs(BlockDriverState *bs, QDict *options, int flags,
-                          Error **errp)
+static int xt_open(BlockDriverState *bs, QDict *options, int flags,
+                   Error **errp)
 {
     BDRVExtreeState *s = bs->opaque;
     ExtreeOpenCo oc = {
@@ -441,11 +441,11 @@ static int extree_open_bs(BlockDriverState *bs, QDict *options, int flags,
     bs->supported_zero_flags = BDRV_REQ_MAY_UNMAP | BDRV_REQ_NO_FALLBACK;
     bs->supported_truncate_flags = BDRV_REQ_ZERO_WRITE;
 
-    extree_attach_aio_context(bs, bdrv_get_aio_context(bs));
+    xt_attach_aio_context(bs, bdrv_get_aio_context(bs));
     return 0;
 }
 
-static void extree_refresh_limits(BlockDriverState *bs, Error **errp)
+static void xt_refresh_limits(BlockDriverState *bs, Error **errp)
 {
     BDRVExtreeState *s = bs->opaque;
 
@@ -463,7 +463,7 @@ static void GRAPH_RDLOCK xt_do_close(BlockDriverState *bs)
 {
     BDRVExtreeState *s = bs->opaque;
 
-    extree_detach_aio_context(bs);
+    xt_detach_aio_context(bs);
     /*
      * A broken handle commits nothing more: the request that broke it has
      * failed and said why (whether the commit timer tried again since is
@@ -480,7 +480,7 @@ static void GRAPH_RDLOCK xt_do_close(BlockDriverState *bs)
     xt_drop_core(s);
 }
 
-static void GRAPH_UNLOCKED extree_close_bs(BlockDriverState *bs)
+static void GRAPH_UNLOCKED xt_close(BlockDriverState *bs)
 {
     BDRVExtreeState *s = bs->opaque;
 
@@ -501,14 +501,14 @@ static void GRAPH_UNLOCKED extree_close_bs(BlockDriverState *bs)
 
 /* ---- Persistent dirty bitmaps (extree-dirty.c) ---- */
 
-static bool extree_supports_persistent_dirty_bitmap(BlockDriverState *bs)
+static bool xt_supports_persistent_dirty_bitmap(BlockDriverState *bs)
 {
     return true;
 }
 
 static bool coroutine_fn GRAPH_RDLOCK
-extree_co_can_store_new_dirty_bitmap(BlockDriverState *bs, const char *name,
-                                     uint32_t granularity, Error **errp)
+xt_co_can_store_new_dirty_bitmap(BlockDriverState *bs, const char *name,
+                                 uint32_t granularity, Error **errp)
 {
     BDRVExtreeState *s = bs->opaque;
     bool ok;
@@ -528,8 +528,8 @@ extree_co_can_store_new_dirty_bitmap(BlockDriverState *bs, const char *name,
  * meanwhile (s->bitmaps_removing)
  */
 static int coroutine_fn GRAPH_RDLOCK
-extree_co_remove_persistent_dirty_bitmap(BlockDriverState *bs,
-                                         const char *name, Error **errp)
+xt_co_remove_persistent_dirty_bitmap(BlockDriverState *bs,
+                                     const char *name, Error **errp)
 {
     BDRVExtreeState *s = bs->opaque;
     int ret = xt_enter(s);
@@ -562,8 +562,8 @@ extree_co_remove_persistent_dirty_bitmap(BlockDriverState *bs,
 /* ---- Reopen, inactivate, invalidate ---- */
 
 static int GRAPH_UNLOCKED
-extree_reopen_prepare(BDRVReopenState *state, BlockReopenQueue *queue,
-                      Error **errp)
+xt_reopen_prepare(BDRVReopenState *state, BlockReopenQueue *queue,
+                  Error **errp)
 {
     BDRVExtreeState *s = state->bs->opaque;
     ExtreeReopenState *r;
@@ -627,7 +627,7 @@ fail:
     return ret;
 }
 
-static void GRAPH_UNLOCKED extree_reopen_commit(BDRVReopenState *state)
+static void GRAPH_UNLOCKED xt_reopen_commit(BDRVReopenState *state)
 {
     BDRVExtreeState *s = state->bs->opaque;
     ExtreeReopenState *r = state->opaque;
@@ -637,18 +637,18 @@ static void GRAPH_UNLOCKED extree_reopen_commit(BDRVReopenState *state)
     s->cache_size = r->cache_size;
     s->commit_interval = r->commit_interval;
     if (r->t) {
-        extree_detach_aio_context(state->bs);
+        xt_detach_aio_context(state->bs);
         xt_drop_core(s);
         xt_install_core(s, r->t, r->core_read_only);
         xt_bitmaps_set_readonly(s, r->core_read_only);
-        extree_attach_aio_context(state->bs,
-                                  bdrv_get_aio_context(state->bs));
+        xt_attach_aio_context(state->bs,
+                              bdrv_get_aio_context(state->bs));
     }
     g_free(r);
     state->opaque = NULL;
 }
 
-static void GRAPH_UNLOCKED extree_reopen_abort(BDRVReopenState *state)
+static void GRAPH_UNLOCKED xt_reopen_abort(BDRVReopenState *state)
 {
     ExtreeReopenState *r = state->opaque;
 
@@ -679,13 +679,13 @@ xt_inactivate_locked(BDRVExtreeState *s)
  * Migration (or blockdev-set-active): the destination takes over; commit
  * and stop writing.  Not drained: reads may go on meanwhile.
  */
-static int GRAPH_RDLOCK extree_inactivate(BlockDriverState *bs)
+static int GRAPH_RDLOCK xt_inactivate(BlockDriverState *bs)
 {
     BDRVExtreeState *s = bs->opaque;
     int ret;
 
     trace_extree_inactivate(s);
-    extree_detach_aio_context(bs);
+    xt_detach_aio_context(bs);
     ret = xt_call_locked(bs, xt_inactivate_locked);
     if (ret < 0) {
         error_report("extree: Could not commit metadata on inactivation: %s",
@@ -706,7 +706,7 @@ static int GRAPH_RDLOCK extree_inactivate(BlockDriverState *bs)
  * handle they would use is replaced.
  */
 static void coroutine_fn GRAPH_RDLOCK
-extree_co_invalidate_cache(BlockDriverState *bs, Error **errp)
+xt_co_invalidate_cache(BlockDriverState *bs, Error **errp)
 {
     BDRVExtreeState *s = bs->opaque;
     Extree *t = NULL;
@@ -720,7 +720,7 @@ extree_co_invalidate_cache(BlockDriverState *bs, Error **errp)
     while (s->requests > 0) {
         xt_queue_wait(s, &s->idle_queue);
     }
-    extree_detach_aio_context(bs);
+    xt_detach_aio_context(bs);
     if (!s->inactive) {
         xt_commit_now(s);
     }
@@ -741,10 +741,10 @@ extree_co_invalidate_cache(BlockDriverState *bs, Error **errp)
         bs->drv = NULL;
         return;
     }
-    extree_attach_aio_context(bs, bdrv_get_aio_context(bs));
+    xt_attach_aio_context(bs, bdrv_get_aio_context(bs));
 }
 
-static int GRAPH_RDLOCK extree_make_empty(BlockDriverState *bs)
+static int GRAPH_RDLOCK xt_make_empty(BlockDriverState *bs)
 {
     return xt_call_locked(bs, xt_make_empty_locked);
 }
@@ -764,8 +764,8 @@ static void xt_check_report(void *opaque, const char *msg)
  * qcow2 does.
  */
 static int coroutine_fn GRAPH_RDLOCK
-extree_co_check(BlockDriverState *bs, BdrvCheckResult *result,
-                BdrvCheckMode fix)
+xt_co_check(BlockDriverState *bs, BdrvCheckResult *result,
+            BdrvCheckMode fix)
 {
     BDRVExtreeState *s = bs->opaque;
     unsigned core_fix = (fix & BDRV_FIX_LEAKS ? EXTREE_FIX_LEAKS : 0) |
@@ -838,7 +838,7 @@ out:
 /* ---- Info ---- */
 
 static int coroutine_fn
-extree_co_get_info(BlockDriverState *bs, BlockDriverInfo *bdi)
+xt_co_get_info(BlockDriverState *bs, BlockDriverInfo *bdi)
 {
     BDRVExtreeState *s = bs->opaque;
 
@@ -862,7 +862,7 @@ extree_co_get_info(BlockDriverState *bs, BlockDriverInfo *bdi)
 }
 
 static ImageInfoSpecific * GRAPH_RDLOCK
-extree_get_specific_info(BlockDriverState *bs, Error **errp)
+xt_get_specific_info(BlockDriverState *bs, Error **errp)
 {
     BDRVExtreeState *s = bs->opaque;
     ImageInfoSpecific *spec_info;
@@ -937,8 +937,8 @@ extree_get_specific_info(BlockDriverState *bs, Error **errp)
 /* ---- Backing file ---- */
 
 static int coroutine_fn GRAPH_RDLOCK
-extree_co_change_backing_file(BlockDriverState *bs, const char *backing_file,
-                              const char *backing_fmt)
+xt_co_change_backing_file(BlockDriverState *bs, const char *backing_file,
+                          const char *backing_fmt)
 {
     BDRVExtreeState *s = bs->opaque;
     int ret;
@@ -978,64 +978,64 @@ extree_co_change_backing_file(BlockDriverState *bs, const char *backing_file,
 static BlockDriver bdrv_extree = {
     .format_name                    = "extree",
     .instance_size                  = sizeof(BDRVExtreeState),
-    .create_opts                    = &extree_create_opts,
-    .amend_opts                     = &extree_amend_opts,
-    .mutable_opts                   = extree_mutable_opts,
-    .strong_runtime_opts            = extree_strong_runtime_opts,
+    .create_opts                    = &xt_create_opts,
+    .amend_opts                     = &xt_amend_opts,
+    .mutable_opts                   = xt_mutable_opts,
+    .strong_runtime_opts            = xt_strong_runtime_opts,
     .is_format                      = true,
     .supports_backing               = true,
 
-    .bdrv_probe                     = extree_probe,
-    .bdrv_open                      = extree_open_bs,
-    .bdrv_close                     = extree_close_bs,
-    .bdrv_reopen_prepare            = extree_reopen_prepare,
-    .bdrv_reopen_commit             = extree_reopen_commit,
-    .bdrv_reopen_abort              = extree_reopen_abort,
+    .bdrv_probe                     = xt_probe,
+    .bdrv_open                      = xt_open,
+    .bdrv_close                     = xt_close,
+    .bdrv_reopen_prepare            = xt_reopen_prepare,
+    .bdrv_reopen_commit             = xt_reopen_commit,
+    .bdrv_reopen_abort              = xt_reopen_abort,
     .bdrv_child_perm                = bdrv_default_perms,
-    .bdrv_co_create                 = extree_co_create,
-    .bdrv_co_create_opts            = extree_co_create_opts,
+    .bdrv_co_create                 = xt_co_create,
+    .bdrv_co_create_opts            = xt_co_create_opts,
     .bdrv_has_zero_init             = bdrv_has_zero_init_1,
-    .bdrv_inactivate                = extree_inactivate,
-    .bdrv_co_invalidate_cache       = extree_co_invalidate_cache,
+    .bdrv_inactivate                = xt_inactivate,
+    .bdrv_co_invalidate_cache       = xt_co_invalidate_cache,
 
-    .bdrv_co_preadv_part            = extree_co_preadv_part,
-    .bdrv_co_pwritev_part           = extree_co_pwritev_part,
-    .bdrv_co_pwritev_compressed_part = extree_co_pwritev_compressed_part,
-    .bdrv_co_flush_to_os            = extree_co_flush_to_os,
-    .bdrv_co_pwrite_zeroes          = extree_co_pwrite_zeroes,
-    .bdrv_co_pdiscard               = extree_co_pdiscard,
-    .bdrv_co_truncate               = extree_co_truncate,
-    .bdrv_co_getlength              = extree_co_getlength,
-    .bdrv_co_block_status           = extree_co_block_status,
-    .bdrv_make_empty                = extree_make_empty,
+    .bdrv_co_preadv_part            = xt_co_preadv_part,
+    .bdrv_co_pwritev_part           = xt_co_pwritev_part,
+    .bdrv_co_pwritev_compressed_part = xt_co_pwritev_compressed_part,
+    .bdrv_co_flush_to_os            = xt_co_flush_to_os,
+    .bdrv_co_pwrite_zeroes          = xt_co_pwrite_zeroes,
+    .bdrv_co_pdiscard               = xt_co_pdiscard,
+    .bdrv_co_truncate               = xt_co_truncate,
+    .bdrv_co_getlength              = xt_co_getlength,
+    .bdrv_co_block_status           = xt_co_block_status,
+    .bdrv_make_empty                = xt_make_empty,
 
     .bdrv_supports_persistent_dirty_bitmap =
-        extree_supports_persistent_dirty_bitmap,
-    .bdrv_co_can_store_new_dirty_bitmap = extree_co_can_store_new_dirty_bitmap,
+        xt_supports_persistent_dirty_bitmap,
+    .bdrv_co_can_store_new_dirty_bitmap = xt_co_can_store_new_dirty_bitmap,
     .bdrv_co_remove_persistent_dirty_bitmap =
-        extree_co_remove_persistent_dirty_bitmap,
+        xt_co_remove_persistent_dirty_bitmap,
 
-    .bdrv_co_check                  = extree_co_check,
-    .bdrv_co_get_info               = extree_co_get_info,
-    .bdrv_get_specific_info         = extree_get_specific_info,
-    .bdrv_measure                   = extree_measure,
-    .bdrv_amend_options             = extree_amend_options,
-    .bdrv_co_amend                  = extree_co_amend,
-    .bdrv_co_change_backing_file    = extree_co_change_backing_file,
-    .bdrv_snapshot_create           = extree_snapshot_create_bs,
-    .bdrv_snapshot_goto             = extree_snapshot_goto_bs,
+    .bdrv_co_check                  = xt_co_check,
+    .bdrv_co_get_info               = xt_co_get_info,
+    .bdrv_get_specific_info         = xt_get_specific_info,
+    .bdrv_measure                   = xt_measure,
+    .bdrv_amend_options             = xt_amend_options,
+    .bdrv_co_amend                  = xt_co_amend,
+    .bdrv_co_change_backing_file    = xt_co_change_backing_file,
+    .bdrv_snapshot_create           = xt_snapshot_create,
+    .bdrv_snapshot_goto             = xt_snapshot_goto,
     .snapshot_goto_marks_dirty      = true,
-    .bdrv_snapshot_delete           = extree_snapshot_delete_bs,
-    .bdrv_snapshot_list             = extree_snapshot_list_bs,
-    .bdrv_snapshot_load_tmp         = extree_snapshot_load_tmp_bs,
-    .bdrv_co_save_vmstate           = extree_co_save_vmstate,
-    .bdrv_co_load_vmstate           = extree_co_load_vmstate,
-    .bdrv_refresh_limits            = extree_refresh_limits,
+    .bdrv_snapshot_delete           = xt_snapshot_delete,
+    .bdrv_snapshot_list             = xt_snapshot_list,
+    .bdrv_snapshot_load_tmp         = xt_snapshot_load_tmp,
+    .bdrv_co_save_vmstate           = xt_co_save_vmstate,
+    .bdrv_co_load_vmstate           = xt_co_load_vmstate,
+    .bdrv_refresh_limits            = xt_refresh_limits,
 
-    .bdrv_detach_aio_context        = extree_detach_aio_context,
-    .bdrv_attach_aio_context        = extree_attach_aio_context,
-    .bdrv_drain_begin               = extree_drain_begin,
-    .bdrv_drain_end                 = extree_drain_end,
+    .bdrv_detach_aio_context        = xt_detach_aio_context,
+    .bdrv_attach_aio_context        = xt_attach_aio_context,
+    .bdrv_drain_begin               = xt_drain_begin,
+    .bdrv_drain_end                 = xt_drain_end,
 };
 
 static void bdrv_extree_init(void)

@@ -72,7 +72,7 @@ SCENARIO_MEASURES = {
     "SCALE": ["map"],
 }
 
-CALLGRIND_FUNCS = {"extree": "extree_co_block_status",
+CALLGRIND_FUNCS = {"extree": "xt_co_block_status",
                    "qcow2-64k": "qcow2_co_block_status",
                    "qcow2-4k": "qcow2_co_block_status"}
 
