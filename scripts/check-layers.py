@@ -125,6 +125,45 @@ def check_plugin(top, objs, core_owner):
     return bad
 
 
+
+def doc_layers(top):
+    """The layers docs/devel/extree.rst draws, bottom first: each line of
+    its picture between the two rulers that names files is one layer"""
+    with open(os.path.join(top, 'docs/devel/extree.rst')) as f:
+        text = f.read()
+    start = text.index('---- layers, top first')
+    end = text.index('---- bottom', start)
+    layers = []
+    for line in text[start:end].splitlines()[1:]:
+        # a layer's line: its files first, from column 6
+        if not re.match(r'      extree', line):
+            continue
+        names = []
+        for word in line.split():
+            if not word.endswith('.c'):
+                break
+            names.append(word[:-2])
+        layers.append(tuple(names))
+    return layers[::-1]
+
+
+def check_doc(top):
+    """The picture lists exactly LAYERS and PLUGIN_LAYERS, in order"""
+    want = [layer if isinstance(layer, tuple) else (layer,)
+            for layer in LAYERS] + [(p,) for p in PLUGIN_LAYERS]
+    have = doc_layers(top)
+    if have != want:
+        print('# check-layers: docs/devel/extree.rst draws other layers '
+              'than LAYERS:')
+        for i in range(max(len(have), len(want))):
+            h = have[i] if i < len(have) else ()
+            w = want[i] if i < len(want) else ()
+            if h != w:
+                print(f'#   {i}: drawn {" ".join(h) or "-"}, '
+                      f'enforced {" ".join(w) or "-"}')
+        return 1
+    return 0
+
 def main():
     top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     args = sys.argv[1:]
@@ -175,8 +214,9 @@ def main():
                       'which is not below it')
                 bad += 1
     bad += check_plugin(top, plugin_objs, owner)
+    bad += check_doc(top)
     print(f'# check-layers: {len(files) + len(plugin_objs)} files, {bad} '
-          'upward or sideways calls')
+          'upward or sideways calls or differences from the picture')
     if tap:
         print('1..1')
         print(f'{"not ok" if bad else "ok"} 1 - layers: calls go downwards')
