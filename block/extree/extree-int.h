@@ -823,11 +823,13 @@ void extree_prefetch_drop_all(Extree *t);
  * Damage found at host @offset: the message is recorded (t->last_error)
  * and given to the corrupt handler, its kind kept in t->damage; -EIO
  */
-int extree_corrupt(Extree *t, uint64_t offset, const char *fmt, ...)
-    G_GNUC_PRINTF(3, 4);
+int extree_damage(Extree *t, ExtreeDamage kind, uint64_t offset,
+                  const char *fmt, ...) G_GNUC_PRINTF(4, 5);
+#define extree_corrupt(t, offset, ...) \
+    extree_damage(t, EXTREE_DAMAGE_CORRUPT, offset, __VA_ARGS__)
 /* ... a structure past the end of the file: the file was cut short */
-int extree_truncated(Extree *t, uint64_t offset, const char *fmt, ...)
-    G_GNUC_PRINTF(3, 4);
+#define extree_truncated(t, offset, ...) \
+    extree_damage(t, EXTREE_DAMAGE_TRUNCATED, offset, __VA_ARGS__)
 const char *extree_tree_name(uint32_t owner);
 /* ... for extree-node-io.c only */
 ExtreeNode *extree_cache_lookup(Extree *t, uint64_t bytenr);

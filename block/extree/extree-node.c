@@ -42,39 +42,20 @@ const char *extree_tree_name(uint32_t owner)
  * The one corruption helper: record the message, tell the handler, return
  * -EIO for the failing call to pass up.
  */
-static int G_GNUC_PRINTF(4, 0)
-damage(Extree *t, ExtreeDamage kind, uint64_t offset, const char *fmt,
-       va_list ap)
+int extree_damage(Extree *t, ExtreeDamage kind, uint64_t offset,
+                  const char *fmt, ...)
 {
+    va_list ap;
+
+    va_start(ap, fmt);
     g_free(t->last_error);
     t->last_error = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
     t->damage = kind;
     if (t->corrupt_fn) {
         t->corrupt_fn(t->corrupt_opaque, offset, t->last_error);
     }
     return -EIO;
-}
-
-int extree_corrupt(Extree *t, uint64_t offset, const char *fmt, ...)
-{
-    va_list ap;
-    int ret;
-
-    va_start(ap, fmt);
-    ret = damage(t, EXTREE_DAMAGE_CORRUPT, offset, fmt, ap);
-    va_end(ap);
-    return ret;
-}
-
-int extree_truncated(Extree *t, uint64_t offset, const char *fmt, ...)
-{
-    va_list ap;
-    int ret;
-
-    va_start(ap, fmt);
-    ret = damage(t, EXTREE_DAMAGE_TRUNCATED, offset, fmt, ap);
-    va_end(ap);
-    return ret;
 }
 
 /* ---- intrusive lists ---- */
