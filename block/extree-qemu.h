@@ -172,6 +172,21 @@ typedef struct BDRVExtreeState {
     CoQueue commit_queue;
 
     /*
+     * Mark log group commit (xt_mark_log()): ranges waiting for a record
+     * (@mark_pending), the batch the next record takes (@mark_batch; a
+     * waiter's range is durable, or its record failed, once @mark_done
+     * reaches the batch it joined), whether a coroutine is writing a
+     * record (@mark_busy), and where the others wait (@mark_queue).
+     * Protected by lock.  A writer of a record holds its request counted,
+     * so no commit runs between the record and its data.
+     */
+    ExtreeMarkRange mark_pending[EXTREE_MARK_LOG_RANGES];
+    unsigned mark_npending;
+    uint64_t mark_batch, mark_done;
+    bool mark_busy;
+    CoQueue mark_queue;
+
+    /*
      * Corruption seen by the core, handled after the core call returned
      * (xt_handle_corruption()).  Protected by lock.
      */

@@ -79,6 +79,9 @@ void xt_core_trace(void *opaque, ExtreeTraceEvent ev, uint64_t a, uint64_t b,
     case EXTREE_TRACE_ROLLBACK:
         trace_extree_core_rollback(opaque, a, (int64_t)c);
         break;
+    case EXTREE_TRACE_MARK_LOG:
+        trace_extree_core_mark_log(opaque, a, b, c);
+        break;
     }
 }
 
@@ -261,6 +264,8 @@ xt_commit_now(BDRVExtreeState *s)
     /* no request in flight: QEMU's bitmaps have every change */
     extree_bitmaps_marks_reflected(s->t);
     xt_bitmaps_sync(s, true);
+    /* a close or inactivation stores what only the mark log holds */
+    extree_mark_log_checkpoint(s->t);
     if (!extree_is_dirty(s->t)) {
         return 0;
     }
@@ -363,10 +368,19 @@ void coroutine_fn xt_gate_open(BDRVExtreeState *s)
  */
 void coroutine_fn GRAPH_RDLOCK xt_update_done(BDRVExtreeState *s)
 {
-    if (s->core_read_only || !extree_is_dirty(s->t)) {
+    if (s->core_read_only) {
         return;
     }
-    if (extree_commit_wanted(s->t)) {
+    if (extree_mark_log_checkpoint_wanted(s->t)) {
+        /* half the mark log is used: store its marks, start a new one */
+        extree_mark_log_checkpoint(s->t);
+        xt_commit_locked(s);
+        return;
+    }
+    if (!extree_is_dirty(s->t) && !extree_mark_log_pending(s->t)) {
+        return;
+    }
+    if (extree_is_dirty(s->t) && extree_commit_wanted(s->t)) {
         /* A failure is reported by the next flush, which retries */
         xt_commit_locked(s);
         return;

@@ -125,6 +125,64 @@ xt_write_mode(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
 }
 
 /*
+ * Make the marks of guest [@start, + @len) durable through the mark log
+ * (spec: Mark log), with those of every write that waits meanwhile in one
+ * record and one flush (group commit): the first waiter to find no record
+ * being written writes one for all of them.  Called with s->lock held and
+ * the request counted (xt_io_begin(): no commit runs between a record and
+ * the writes it lets go in place); may drop and retake s->lock.  Returns
+ * once the record that took the range is durable or failed: the caller
+ * looks the range up again and writes in place only where the core now
+ * allows it.
+ */
+static void coroutine_fn GRAPH_RDLOCK
+xt_mark_log(BDRVExtreeState *s, uint64_t start, uint64_t len)
+{
+    uint64_t batch;
+
+    while (s->mark_npending == EXTREE_MARK_LOG_RANGES) {
+        xt_queue_wait(s, &s->mark_queue);
+    }
+    s->mark_pending[s->mark_npending++] = (ExtreeMarkRange){ start, len };
+    batch = s->mark_batch;
+    while (s->mark_done < batch) {
+        ExtreeMarkRange r[EXTREE_MARK_LOG_RANGES];
+        uint64_t mine, off;
+        uint8_t *rec;
+        unsigned n;
+        int ret;
+
+        if (s->mark_busy) {
+            xt_queue_wait(s, &s->mark_queue);
+            continue;
+        }
+        s->mark_busy = true;
+        n = s->mark_npending;
+        memcpy(r, s->mark_pending, n * sizeof(r[0]));
+        s->mark_npending = 0;
+        mine = s->mark_batch++;
+        ret = extree_mark_log_append(s->t, r, n, &rec, &off);
+        if (ret == 0) {
+            qemu_co_mutex_unlock(&s->lock);
+            ret = bdrv_co_pwrite(s->bs->file, off, EXTREE_MARK_LOG_RECORD,
+                                 rec, 0);
+            if (ret == 0) {
+                ret = bdrv_co_flush(s->bs->file->bs);
+            }
+            xt_lock(s);
+            g_free(rec);
+            if (ret == 0) {
+                extree_mark_log_durable(s->t, r, n);
+            }
+        }
+        trace_extree_mark_log(s, mine, n, ret);
+        s->mark_done = mine;
+        s->mark_busy = false;
+        qemu_co_queue_restart_all(&s->mark_queue);
+    }
+}
+
+/*
  * The allocating part of a write: guest [@offset, @offset + @n) lies in
  * @run, which is UNALLOC or ZERO, or DATA that a snapshot shares.
  * Allocates host space for the blocks it touches, writes the guest data
@@ -384,12 +442,13 @@ xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
            QEMUIOVector *qiov, size_t qiov_offset, bool nested)
 {
     BDRVExtreeState *s = bs->opaque;
-    bool committed = false, in_place;
+    bool committed = false, in_place, logged;
     ExtreeCursor cur;
     int ret = 0;
 
     trace_extree_co_pwritev_start(s, offset, bytes);
     ret = xt_enter_nested(s, nested);
+    logged = false;
     if (ret < 0) {
         return ret;
     }
@@ -412,6 +471,24 @@ xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
             if (ret < 0) {
                 xt_io_end(s);
                 break;
+            }
+        }
+        if (!in_place && !logged && run.type == EXTREE_RUN_DATA) {
+            uint64_t bsz = s->block_size;
+            uint64_t start = QEMU_ALIGN_DOWN(offset, bsz);
+            uint64_t end = ROUND_UP(offset + n, bsz);
+
+            if (extree_mark_log_wanted(s->t, &run, start, end - start)) {
+                /*
+                 * Only the bitmaps' committed marks keep it out of place:
+                 * make them durable with a record, then look again (the
+                 * lock was dropped).  Once a request, so that a record
+                 * that did not help leaves it to the allocating path.
+                 */
+                xt_mark_log(s, start, end - start);
+                logged = true;
+                xt_io_end(s);
+                continue;
             }
         }
         if (in_place) {
@@ -467,6 +544,7 @@ xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
         offset += n;
         bytes -= n;
         qiov_offset += n;
+        logged = false;
     }
     extree_cursor_release(&cur);
     xt_update_done(s);

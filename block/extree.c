@@ -104,6 +104,8 @@ static void coroutine_fn xt_commit_timer_entry(void *opaque)
     trace_extree_commit_timer(s);
     if (xt_enter(s) == 0) {
         if (!s->inactive) {
+            /* the marks only the mark log holds are stored now too */
+            extree_mark_log_checkpoint(s->t);
             xt_commit_locked(s);
         }
         xt_leave(s);
@@ -355,6 +357,8 @@ static void xt_init_state(BlockDriverState *bs)
     qemu_co_queue_init(&s->commit_queue);
     qemu_co_queue_init(&s->replace_queue);
     qemu_co_queue_init(&s->idle_queue);
+    qemu_co_queue_init(&s->mark_queue);
+    s->mark_batch = 1;
     QLIST_INIT(&s->alloc_reqs);
     QLIST_INIT(&s->node_reads);
     s->dirty_limit = EXTREE_DEFAULT_DIRTY_LIMIT;

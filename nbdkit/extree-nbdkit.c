@@ -70,6 +70,7 @@ static void xp_trace(void *opaque, ExtreeTraceEvent ev, uint64_t a,
         [EXTREE_TRACE_COMMIT_DONE] = "commit done: generation, -, ret",
         [EXTREE_TRACE_BITMAP_SYNC] = "bitmap sync: index, bits set, changed",
         [EXTREE_TRACE_ROLLBACK] = "rollback: generation, -, ret",
+        [EXTREE_TRACE_MARK_LOG] = "mark log: generation, record, ranges",
     };
 
     if (ev == EXTREE_TRACE_COMMIT_DONE || ev == EXTREE_TRACE_ROLLBACK) {

@@ -31,6 +31,7 @@ LAYERS = [
     'extree-spacemap',
     'extree-bitmap',
     'extree-bitmap-io',
+    'extree-marklog',
     'extree-extent',
     'extree-cursor',
     ('extree-super', 'extree-snaptab'),

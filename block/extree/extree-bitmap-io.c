@@ -56,6 +56,8 @@ int extree_bitmaps_prepare(Extree *t)
     uint64_t len;
     int ret;
 
+    /* marks only the mark log held so far: this commit stores them */
+    t->bm.dirty |= t->bm.dirty_logged;
     if (!t->bm.dirty) {
         return 0;
     }
@@ -256,6 +258,13 @@ void extree_bitmaps_free(Extree *t)
     t->bm.chunks_changed = 0;
     g_free(t->bm.bad);
     t->bm.bad = NULL;
+    /* the mark log's state goes with the bits it marked */
+    t->bm.log = t->bm.log_len = 0;
+    t->bm.log_ok = t->bm.dirty_logged = false;
+    t->bm.log_next = t->bm.log_replayed = 0;
+    extree_rs_clear(&t->bm.logged);
+    g_free(t->bm.log_bad);
+    t->bm.log_bad = NULL;
 }
 
 /* One entry at @p (@left bytes of the directory left); *@why on damage */

@@ -352,14 +352,15 @@ static void marks_coarsen(Extree *t)
     }
 }
 
-void extree_bitmaps_mark(Extree *t, uint64_t guest, uint64_t bytes)
+/* Add @guest.. to the marks and set their bits; did any bit change? */
+static bool mark_bits(Extree *t, uint64_t guest, uint64_t bytes)
 {
     uint64_t end = MIN(guest + bytes, t->virtual_size);
     ExtreeBitmapMark *last;
     bool changed = false;
 
     if (!t->bm.list || !t->bm.list->len || guest >= end) {
-        return;
+        return false;
     }
     last = t->bm.marks->len ?
            &g_array_index(t->bm.marks, ExtreeBitmapMark,
@@ -382,9 +383,40 @@ void extree_bitmaps_mark(Extree *t, uint64_t guest, uint64_t bytes)
                                  extree_bm_ngranules(end, bm->gran_bits));
         }
     }
-    if (changed) {
+    return changed;
+}
+
+void extree_bitmaps_mark(Extree *t, uint64_t guest, uint64_t bytes)
+{
+    if (mark_bits(t, guest, bytes)) {
         extree_bm_changed(t);
     }
+}
+
+void extree_bitmaps_mark_logged(Extree *t, uint64_t guest, uint64_t bytes)
+{
+    if (mark_bits(t, guest, bytes)) {
+        /* stored by the next commit, which needs room for the chunks */
+        t->bm.dirty_logged = true;
+        extree_bitmaps_commit_space(t);
+    }
+}
+
+void extree_bitmaps_logged_add(Extree *t, uint64_t guest, uint64_t bytes)
+{
+    extree_rs_union(&t->bm.logged, guest, bytes);
+}
+
+/* Do durable records of the mark log cover [@guest, @end)? */
+static bool logged_covers(Extree *t, uint64_t guest, uint64_t end)
+{
+    ExtreeRange *r;
+
+    if (!t->bm.logged.count || guest >= end) {
+        return false;
+    }
+    r = extree_rs_floor(&t->bm.logged, guest);
+    return r && r->start + r->len >= end;
 }
 
 bool extree_bitmaps_in_place(Extree *t, uint64_t guest, uint64_t bytes)
@@ -403,7 +435,9 @@ bool extree_bitmaps_in_place(Extree *t, uint64_t guest, uint64_t bytes)
             continue;
         }
         set = all_set(bm->bits, g0, g1);
-        if (!set || !all_set_committed(t, bm, g0, g1)) {
+        /* the mark log's durable records count as committed marks */
+        if (!set || !(all_set_committed(t, bm, g0, g1) ||
+                      logged_covers(t, guest, end))) {
             ok = false;
             /* the next commit makes the bits committed, @enabled too */
             after_commit &= set || !bm->enabled;

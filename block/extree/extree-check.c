@@ -24,7 +24,7 @@
 
 enum {
     CLAIM_EXTENT_NODE, CLAIM_FREE_NODE, CLAIM_DATA, CLAIM_FREE,
-    CLAIM_REF_NODE, CLAIM_SNAP_TABLE, CLAIM_BITMAP,
+    CLAIM_REF_NODE, CLAIM_SNAP_TABLE, CLAIM_BITMAP, CLAIM_MARK_LOG,
 };
 
 /*
@@ -107,6 +107,7 @@ typedef struct CheckCtx {
     /* snap_generation too low (Extree.snap_gen_bad): "-r all" raises it */
     bool snapgen_bad;
     bool bitmaps_bad;           /* bitmaps left out at open (damaged) */
+    bool log_bad;               /* a mark log record lies (not replayed) */
     /*
      * of res->corruptions: a bitmap block that something else uses too
      * (dropping the bitmaps in @bitmap_drop resolves it, with the
@@ -456,6 +457,16 @@ static void check_bitmaps(CheckCtx *c)
         claim_bitmap(c, t->bm.dir, len, BITMAP_DIR, 0);
         c->res->metadata_bytes += len;
     }
+    if (t->bm.log) {
+        claim(c, t->bm.log, t->bm.log_len, 0, CLAIM_MARK_LOG);
+        c->res->metadata_bytes += t->bm.log_len;
+    }
+    if (t->bm.log_bad) {
+        /* the records from there on were not replayed: marks may be lost */
+        c->res->corruptions++;
+        c->log_bad = true;
+        say(c, "%s", t->bm.log_bad);
+    }
     c->bitmap_drop = g_new0(bool, t->bm.list ? t->bm.list->len : 0);
     for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
         ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
@@ -727,6 +738,9 @@ static const char *claim_name(CheckCtx *c, const Claim *cl, char *buf,
     case CLAIM_SNAP_TABLE:
         g_snprintf(buf, size, "snapshot table");
         break;
+    case CLAIM_MARK_LOG:
+        g_snprintf(buf, size, "mark log");
+        break;
     case CLAIM_BITMAP:
         if (cl->bitmap == BITMAP_DIR) {
             g_snprintf(buf, size, "bitmap directory");
@@ -903,7 +917,7 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
 
     if (t->read_only || t->broken || c->extent_bad ||
         ((free_bad || c->count_bad || c->refs_bad || c->snapgen_bad ||
-          c->bitmaps_bad) && !(fix & EXTREE_FIX_ERRORS))) {
+          c->bitmaps_bad || c->log_bad) && !(fix & EXTREE_FIX_ERRORS))) {
         if (leaks->len && (fix & EXTREE_FIX_LEAKS)) {
             say(c, "leaks not repaired: %s", t->read_only ? "read-only" :
                 t->broken ? "the image handle failed earlier" :
@@ -946,6 +960,20 @@ static int repair(CheckCtx *c, unsigned fix, GArray *leaks)
         /* "-r all": the damaged bitmaps go; their blocks are leaks */
         extree_bitmaps_drop_damaged(t);
         say(c, "damaged bitmaps removed");
+        fixed++;
+    }
+    if (c->log_bad) {
+        /*
+         * "-r all": what the records from the damaged one on marked is
+         * unknown, so every enabled bitmap marks everything (the next
+         * incremental backup is a full one); the commit below stores it
+         * and leaves the chain stale
+         */
+        extree_bitmaps_mark(t, 0, t->virtual_size);
+        g_free(t->bm.log_bad);
+        t->bm.log_bad = NULL;
+        t->super_dirty = true;
+        say(c, "mark log damaged: every enabled bitmap marked whole");
         fixed++;
     }
     if (c->bitmap_dup) {

@@ -882,6 +882,20 @@ int extree_in_place(Extree *t, const ExtreeRun *run, uint64_t guest,
     return ret;
 }
 
+bool extree_mark_log_wanted(Extree *t, const ExtreeRun *run, uint64_t guest,
+                            uint64_t bytes)
+{
+    uint64_t host = run->host + (guest - run->guest);
+    bool shared = true;
+
+    if (run->type != EXTREE_RUN_DATA || !extree_bitmap_count(t) ||
+        !extree_mark_log_room(t) || extree_data_fresh(t, host, bytes)) {
+        return false;
+    }
+    return extree_data_shared(t, guest, bytes, host, &shared) == 0 &&
+           !shared;
+}
+
 /* Return an allocation that was never mapped */
 int extree_free_data(Extree *t, uint64_t host, uint64_t bytes)
 {

@@ -663,6 +663,25 @@ typedef struct ExtreeBitmaps {
     char *bad;
     /* ExtreeOpenOptions.bitmap_max_bytes, the default filled in */
     uint64_t max_bytes;
+    /*
+     * The mark log (EXTREE_INCOMPAT_MARK_LOG, extree-marklog.c): where it
+     * lies (0: none; usable once a superblock names it, @log_ok); the
+     * slot of the running transaction's next record; the guest ranges of
+     * its durable records (the in-place rule takes them as committed
+     * marks); whether marks were set that only the log has made durable
+     * (the next commit stores them; they alone do not make the handle
+     * dirty, so a flush need not commit); records replayed at the last
+     * load; what was wrong with the log at a checker's open, NULL if
+     * nothing.  @no_log: ExtreeOpenOptions.no_mark_log.
+     */
+    uint64_t log;
+    uint32_t log_len;
+    bool log_ok, no_log;
+    uint32_t log_next;
+    ExtreeRangeSet logged;
+    bool dirty_logged;
+    uint32_t log_replayed;
+    char *log_bad;
 } ExtreeBitmaps;
 
 /* What a checker's handle found at open (extree-check.c) */
@@ -1099,6 +1118,9 @@ typedef struct ExtreeSuper {
     /* with EXTREE_INCOMPAT_BITMAPS; 0 without */
     uint64_t bitmap_dir;
     uint32_t bitmap_dir_len, bitmap_count;
+    /* with EXTREE_INCOMPAT_MARK_LOG; 0 without */
+    uint64_t mark_log;
+    uint32_t mark_log_len;
     char backing_file[EXTREE_BACKING_FILE_MAX + 1];
     char backing_fmt[EXTREE_BACKING_FMT_MAX + 1];
 } ExtreeSuper;
@@ -1206,6 +1228,22 @@ int extree_bitmaps_resize(Extree *t, uint64_t size);
 int extree_bitmaps_prepare(Extree *t);
 int extree_bitmaps_write(Extree *t);
 void extree_bitmaps_commit_done(Extree *t);
+/*
+ * Marks whose durability the mark log provides: set like
+ * extree_bitmaps_mark()'s, but they leave the handle clean (t->bm.dirty_logged)
+ */
+void extree_bitmaps_mark_logged(Extree *t, uint64_t guest, uint64_t bytes);
+/* Records of the log: [@guest, + @bytes) is marked durably */
+void extree_bitmaps_logged_add(Extree *t, uint64_t guest, uint64_t bytes);
+
+/* extree-marklog.c */
+/* Default size of a new mark log: 512 records */
+#define EXTREE_MARK_LOG_DEFAULT (2 * 1024 * 1024)
+int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate);
+/* The log is usable and has a slot free */
+bool extree_mark_log_room(const Extree *t);
+int extree_mark_log_commit_prepare(Extree *t);
+void extree_mark_log_commit_done(Extree *t);
 uint8_t *extree_snap_table_encode(Extree *t, uint64_t *len);
 int extree_snap_table_moved(Extree *t);
 

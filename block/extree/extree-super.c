@@ -75,6 +75,8 @@ void extree_sb_encode(const ExtreeSuper *s, uint8_t *buf)
     ext_st64(buf + SB_OFF(bitmap_dir_offset), s->bitmap_dir);
     ext_st32(buf + SB_OFF(bitmap_dir_length), s->bitmap_dir_len);
     ext_st32(buf + SB_OFF(bitmap_count), s->bitmap_count);
+    ext_st64(buf + SB_OFF(mark_log_offset), s->mark_log);
+    ext_st32(buf + SB_OFF(mark_log_length), s->mark_log_len);
     buf[SB_OFF(backing_file_len)] = flen & 0xff;
     buf[SB_OFF(backing_file_len) + 1] = flen >> 8;
     buf[SB_OFF(backing_fmt_len)] = mlen & 0xff;
@@ -201,6 +203,8 @@ int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     s->bitmap_dir = ext_ld64(buf + SB_OFF(bitmap_dir_offset));
     s->bitmap_dir_len = ext_ld32(buf + SB_OFF(bitmap_dir_length));
     s->bitmap_count = ext_ld32(buf + SB_OFF(bitmap_count));
+    s->mark_log = ext_ld64(buf + SB_OFF(mark_log_offset));
+    s->mark_log_len = ext_ld32(buf + SB_OFF(mark_log_length));
     flen = buf[SB_OFF(backing_file_len)] |
            (buf[SB_OFF(backing_file_len) + 1] << 8);
     mlen = buf[SB_OFF(backing_fmt_len)] |
@@ -301,6 +305,21 @@ int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
                                s->bitmap_dir_len, s->bitmap_count);
         return -EINVAL;
     }
+    if (!(s->incompat & EXTREE_INCOMPAT_MARK_LOG) !=
+        (!s->mark_log && !s->mark_log_len) ||
+        (s->mark_log &&
+         (!(s->incompat & EXTREE_INCOMPAT_BITMAPS) ||
+          !EXTREE_IS_ALIGNED(s->mark_log, s->block_size) ||
+          !EXTREE_IS_ALIGNED(s->mark_log_len, s->block_size) ||
+          !EXTREE_IS_ALIGNED(s->mark_log_len, EXTREE_MARK_LOG_RECORD) ||
+          s->mark_log_len < EXTREE_MARK_LOG_MIN ||
+          s->mark_log_len > EXTREE_MARK_LOG_MAX ||
+          s->mark_log < data_start || s->mark_log >= s->host_end ||
+          s->host_end - s->mark_log < s->mark_log_len))) {
+        *why = g_strdup_printf("bad mark log, have offset 0x%" PRIx64
+                               " length %u", s->mark_log, s->mark_log_len);
+        return -EINVAL;
+    }
     for (uint32_t o = EXTREE_TREE_EXTENT;
          o <= (snaps ? EXTREE_TREE_REFS : EXTREE_TREE_FREE); o++) {
         if (!EXTREE_IS_ALIGNED(s->root[o], s->block_size) ||
@@ -378,6 +397,8 @@ void extree_sb_from_tree(Extree *t, ExtreeSuper *s)
     s->bitmap_dir = t->bm.dir;
     s->bitmap_dir_len = t->bm.dir_len;
     s->bitmap_count = t->bm.list ? t->bm.list->len : 0;
+    s->mark_log = t->bm.log;
+    s->mark_log_len = t->bm.log_len;
     if (extree_has_refs(t)) {
         ExtreeTree *rt = &t->trees[EXTREE_TREE_REFS];
 

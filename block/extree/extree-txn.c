@@ -240,6 +240,10 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
     if (ret == 0) {
         ret = extree_bitmaps_load(t, sb, o->check);
     }
+    if (ret == 0) {
+        /* the marks of writes in place made since @sb, into the bits */
+        ret = extree_mark_log_load(t, sb, o->check);
+    }
     if (ret == 0 && !t->read_only) {
         extree_refs_init(t);
         ret = extree_freetree_load(t, sb->free_bytes, t->repair);
@@ -332,6 +336,7 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
     t->commit_by_caller = o->commit_by_caller;
     t->bm.max_bytes = o->bitmap_max_bytes ? o->bitmap_max_bytes :
                           EXTREE_BITMAP_MAX_BYTES;
+    t->bm.no_log = o->no_mark_log;
     extree_cache_init(t);
     extree_sm_init(t);
 
@@ -574,7 +579,10 @@ int extree_commit(Extree *t)
      *    area (extree_sm_commit()).  A failure here leaves the trees
      *    half-synced: give up on them.
      */
-    ret = extree_bitmaps_prepare(t);
+    ret = extree_mark_log_commit_prepare(t);
+    if (ret == 0) {
+        ret = extree_bitmaps_prepare(t);
+    }
     if (ret == 0) {
         ret = extree_sm_commit(&t->space);
     }
@@ -651,6 +659,7 @@ int extree_commit(Extree *t)
     extree_sm_commit_done(&t->space, freed);
     extree_node_commit_done(t);
     extree_bitmaps_commit_done(t);
+    extree_mark_log_commit_done(t);
     *t->csb = s;
     t->sb_host_end = s.host_end;
     t->generation = t->trans_gen;

@@ -136,6 +136,12 @@ typedef struct ExtreeOpenOptions {
      * EXTREE_DAMAGE_NONE
      */
     ExtreeDamage *damage;
+    /*
+     * Never add a mark log (spec: Mark log; extree_mark_log_append()); one
+     * the image has is used (for comparisons: without one the writes a
+     * log lets go in place move to new space instead)
+     */
+    bool no_mark_log;
 } ExtreeOpenOptions;
 
 #define EXTREE_DEFAULT_CACHE_SIZE   (32 * 1024 * 1024)
@@ -301,6 +307,7 @@ typedef enum ExtreeTraceEvent {
     EXTREE_TRACE_COMMIT_DONE,   /* generation written, -, -errno or 0 */
     EXTREE_TRACE_BITMAP_SYNC,   /* bitmap index, bits set, 1 if changed */
     EXTREE_TRACE_ROLLBACK,      /* generation rolled back to, -, -errno or 0 */
+    EXTREE_TRACE_MARK_LOG,      /* generation, record's slot, ranges */
 } ExtreeTraceEvent;
 typedef void ExtreeTraceFn(void *opaque, ExtreeTraceEvent ev, uint64_t a,
                            uint64_t b, uint64_t c);
@@ -690,6 +697,48 @@ bool extree_data_fresh(Extree *t, uint64_t host, uint64_t bytes);
  */
 int extree_in_place(Extree *t, const ExtreeRun *run, uint64_t guest,
                     uint64_t bytes, bool *in_place);
+
+/*
+ * The mark log (spec: Mark log; an image with bitmaps gets one at a commit
+ * unless ExtreeOpenOptions.no_mark_log): makes the marks of writes in
+ * place durable with one record and one flush, where a commit would be
+ * needed otherwise.  A write in place of [@guest, + @bytes) of @run that
+ * extree_in_place() refused only because the committed bitmaps lack its
+ * granules, and for which the log has room: extree_mark_log_wanted().
+ * Then the caller (for every such write waiting at the time: group commit)
+ * takes a record from extree_mark_log_append() (which sets the marks in
+ * the bits the next commit stores, as extree_bitmaps_mark() does), writes
+ * it at *@offset (EXTREE_MARK_LOG_RECORD bytes, g_free() it), flushes the
+ * backend, calls extree_mark_log_durable() and looks the range up again:
+ * extree_in_place() allows it now.  No commit may run between the append
+ * and durable (the caller holds its commit gate).  -ENOSPC: the log is
+ * full or not usable yet (the write goes to new space as before).
+ */
+typedef struct ExtreeMarkRange {
+    uint64_t start, len;        /* guest bytes */
+} ExtreeMarkRange;
+bool extree_mark_log_wanted(Extree *t, const ExtreeRun *run, uint64_t guest,
+                            uint64_t bytes);
+int extree_mark_log_append(Extree *t, const ExtreeMarkRange *r, unsigned n,
+                           uint8_t **record, uint64_t *offset);
+void extree_mark_log_durable(Extree *t, const ExtreeMarkRange *r,
+                             unsigned n);
+/*
+ * Marks only the log holds: they do not make the handle dirty (a flush
+ * needs no commit for them), but a commit should store them when the log
+ * is half full (checkpoint_wanted), at the commit timer and at close:
+ * extree_mark_log_checkpoint() makes the next commit run for them.
+ */
+bool extree_mark_log_pending(const Extree *t);
+bool extree_mark_log_checkpoint_wanted(const Extree *t);
+void extree_mark_log_checkpoint(Extree *t);
+typedef struct ExtreeMarkLogInfo {
+    uint64_t offset;            /* 0: no log */
+    uint32_t length;            /* bytes */
+    uint32_t records;           /* in the chain of the running transaction */
+    uint32_t replayed;          /* of them, found at the last open */
+} ExtreeMarkLogInfo;
+void extree_mark_log_info(const Extree *t, ExtreeMarkLogInfo *info);
 
 /* ---- Persistent dirty bitmaps (EXTREE_INCOMPAT_BITMAPS) ---- */
 

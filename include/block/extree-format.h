@@ -101,10 +101,19 @@
 #define EXTREE_INCOMPAT_BITMAPS_BITNR   4
 #define EXTREE_INCOMPAT_BITMAPS \
     (1ULL << EXTREE_INCOMPAT_BITMAPS_BITNR)
+/*
+ * EXTREE_INCOMPAT_MARK_LOG: a mark log (mark_log_offset): bitmap marks of
+ * writes in place made durable by an append instead of a commit; a reader
+ * that does not replay it would see bitmaps missing those writes, and a
+ * writer would not know the log's blocks are in use
+ */
+#define EXTREE_INCOMPAT_MARK_LOG_BITNR  5
+#define EXTREE_INCOMPAT_MARK_LOG \
+    (1ULL << EXTREE_INCOMPAT_MARK_LOG_BITNR)
 #define EXTREE_INCOMPAT_MASK \
     (EXTREE_INCOMPAT_CORRUPT | EXTREE_INCOMPAT_SNAPSHOTS | \
      EXTREE_INCOMPAT_ENCRYPTED | EXTREE_INCOMPAT_COMPRESSED | \
-     EXTREE_INCOMPAT_BITMAPS)
+     EXTREE_INCOMPAT_BITMAPS | EXTREE_INCOMPAT_MARK_LOG)
 
 /* Compatible features: none defined; unknown bits are ignored */
 #define EXTREE_COMPAT_MASK              0ULL
@@ -188,12 +197,42 @@ typedef struct __attribute__((packed)) ExtreeDiskSuper {
     uint64_t bitmap_dir_offset; /*  240: bitmaps bit: the directory */
     uint32_t bitmap_dir_length; /*  248: bytes of it in use */
     uint32_t bitmap_count;      /*  252 */
-    uint8_t reserved2[1024 - 256];
+    uint64_t mark_log_offset;   /*  256: mark log bit: the log's blocks */
+    uint32_t mark_log_length;   /*  264: bytes */
+    uint32_t reserved8;         /*  268 */
+    uint8_t reserved2[1024 - 272];
     char backing_fmt[32];       /* 1024 */
     uint8_t reserved3[2048 - 1056];
     char backing_file[1024];    /* 2048 */
     uint8_t reserved4[EXTREE_SB_SIZE - 3072];
 } ExtreeDiskSuper;
+
+/*
+ * A mark log record: one EXTREE_MARK_LOG_RECORD bytes at mark_log_offset +
+ * seq * EXTREE_MARK_LOG_RECORD, its guest ranges right after the header
+ */
+#define EXTREE_MARK_LOG_MAGIC   0x474f4c4b52414d58ULL   /* "XMARKLOG" */
+#define EXTREE_MARK_LOG_RECORD  4096
+#define EXTREE_MARK_LOG_MIN     (64 * 1024)
+#define EXTREE_MARK_LOG_MAX     (64 * 1024 * 1024)
+
+typedef struct __attribute__((packed)) ExtreeDiskMarkLogHeader {
+    uint64_t magic;             /*  0: EXTREE_MARK_LOG_MAGIC */
+    uint64_t generation;        /*  8: the transaction it belongs to */
+    uint32_t seq;               /* 16: its place in the chain */
+    uint32_t count;             /* 20: ranges that follow */
+    uint32_t csum;              /* 24: crc32c of the record, this field 0 */
+    uint32_t reserved;          /* 28 */
+} ExtreeDiskMarkLogHeader;
+
+typedef struct __attribute__((packed)) ExtreeDiskMarkLogRange {
+    uint64_t start;             /* guest offset */
+    uint64_t length;            /* bytes, > 0 */
+} ExtreeDiskMarkLogRange;
+
+#define EXTREE_MARK_LOG_RANGES \
+    ((EXTREE_MARK_LOG_RECORD - sizeof(ExtreeDiskMarkLogHeader)) / \
+     sizeof(ExtreeDiskMarkLogRange))
 
 #define EXTREE_NODE_MAGIC       0x444e5458U     /* "XTND" */
 
@@ -362,7 +401,11 @@ _Static_assert(__builtin_offsetof(ExtreeDiskSuper, compression_type) == 232,
                "sb");
 _Static_assert(__builtin_offsetof(ExtreeDiskSuper, bitmap_dir_offset) == 240,
                "sb");
-_Static_assert(__builtin_offsetof(ExtreeDiskSuper, reserved2) == 256, "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, mark_log_offset) == 256,
+               "sb");
+_Static_assert(__builtin_offsetof(ExtreeDiskSuper, reserved2) == 272, "sb");
+_Static_assert(sizeof(ExtreeDiskMarkLogHeader) == 32, "mark log header");
+_Static_assert(sizeof(ExtreeDiskMarkLogRange) == 16, "mark log range");
 _Static_assert(sizeof(ExtreeDiskSnapHeader) == 64, "snapshot table header");
 _Static_assert(sizeof(ExtreeDiskSnapEntry) == EXTREE_SNAP_ENTRY_SIZE,
                "snapshot entry");

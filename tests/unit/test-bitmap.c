@@ -1032,6 +1032,187 @@ static void test_memory_bound(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * The driver's protocol for a write in place over granules the committed
+ * bitmaps lack (spec: Mark log): a record, durable, then the data in
+ * place; the range is then in place without a commit
+ */
+static void log_write(Extree *t, ExtreeBackend *be, uint64_t guest,
+                      uint64_t bytes)
+{
+    ExtreeMarkRange r = { guest, bytes };
+    ExtreeRun run;
+    uint8_t *rec, *data = g_malloc(bytes);
+    uint64_t off;
+    bool in_place;
+
+    g_assert_cmpint(ct_lookup1(t, guest, &run), ==, 0);
+    g_assert_cmpint(extree_in_place(t, &run, guest, bytes, &in_place), ==,
+                    0);
+    g_assert_false(in_place);
+    g_assert_true(extree_mark_log_wanted(t, &run, guest, bytes));
+    g_assert_cmpint(extree_mark_log_append(t, &r, 1, &rec, &off), ==, 0);
+    g_assert_cmpint(be->ops->pwrite(be->opaque, off, rec,
+                                    EXTREE_MARK_LOG_RECORD), ==, 0);
+    g_assert_cmpint(be->ops->flush(be->opaque), ==, 0);
+    g_free(rec);
+    extree_mark_log_durable(t, &r, 1);
+    g_assert_cmpint(extree_in_place(t, &run, guest, bytes, &in_place), ==,
+                    0);
+    g_assert_true(in_place);
+    memset(data, 0x5a, bytes);
+    g_assert_cmpint(be->ops->pwrite(be->opaque,
+                                    run.host + (guest - run.guest), data,
+                                    bytes), ==, 0);
+    g_free(data);
+}
+
+/* Offset of slot @seq of the log */
+static uint64_t log_slot(Extree *t, uint32_t seq)
+{
+    ExtreeMarkLogInfo li;
+
+    extree_mark_log_info(t, &li);
+    g_assert_cmpuint(li.offset, !=, 0);
+    return li.offset + (uint64_t)seq * EXTREE_MARK_LOG_RECORD;
+}
+
+/*
+ * Writes in place with their marks in the log, then a crash: the reopened
+ * image's bitmap has them (replayed), a torn record ends the chain, a
+ * commit makes the chain stale, and the handle is never dirty for them
+ */
+static void test_mark_log(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeMarkLogInfo li;
+    uint64_t slot2;
+    uint8_t byte;
+
+    ct_write(t, 0, 16 * G64K);
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    g_assert_cmpint(extree_bitmap_add(t, "off", G64K, false), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmphex(extree_incompat_features(t) & EXTREE_INCOMPAT_MARK_LOG,
+                    ==, EXTREE_INCOMPAT_MARK_LOG);
+    extree_mark_log_info(t, &li);
+    g_assert_cmpuint(li.length, ==, EXTREE_MARK_LOG_DEFAULT);
+    g_assert_cmpuint(li.records, ==, 0);
+
+    log_write(t, be, 3 * G64K, BS);
+    log_write(t, be, 9 * G64K + BS, 2 * BS);
+    /* the marks need no commit: a flush would find nothing to do */
+    g_assert_false(extree_is_dirty(t));
+    g_assert_true(extree_mark_log_pending(t));
+    assert_set(t, "b0", "3,9");
+    extree_close(t);                    /* a crash: nothing committed */
+
+    t = ct_open(be);
+    extree_mark_log_info(t, &li);
+    g_assert_cmpuint(li.replayed, ==, 2);
+    assert_set(t, "b0", "3,9");
+    assert_set(t, "off", "");
+    ct_check_clean(t, NULL);
+    /* the chain goes on after what is there; a torn record ends it */
+    log_write(t, be, 12 * G64K, BS);
+    slot2 = log_slot(t, 2);
+    extree_close(t);
+    be->ops->pread(be->opaque, slot2 + 100, &byte, 1);
+    byte ^= 1;
+    be->ops->pwrite(be->opaque, slot2 + 100, &byte, 1);
+    t = ct_open(be);
+    assert_set(t, "b0", "3,9");
+    /* a commit stores the bits: its chain is stale from then on */
+    extree_mark_log_checkpoint(t);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_mark_log_info(t, &li);
+    g_assert_cmpuint(li.records, ==, 0);
+    extree_close(t);
+    t = ct_open(be);
+    extree_mark_log_info(t, &li);
+    g_assert_cmpuint(li.replayed, ==, 0);
+    assert_set(t, "b0", "3,9");
+    ct_check_clean(t, NULL);
+
+    /* the last bitmap gone: the log goes, and its feature bit */
+    g_assert_cmpint(extree_bitmap_remove(t, "off"), ==, 0);
+    g_assert_cmpint(extree_bitmap_remove(t, "b0"), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmphex(extree_incompat_features(t) & EXTREE_INCOMPAT_MARK_LOG,
+                    ==, 0);
+    extree_mark_log_info(t, &li);
+    g_assert_cmpuint(li.offset, ==, 0);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
+/*
+ * A record of the chain with a valid checksum but a range outside the
+ * disk: the open fails naming the log; check reports it and -r all marks
+ * every enabled bitmap whole.  With no_mark_log no log is added.
+ */
+static void test_mark_log_damage(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    ExtreeOpenOptions chk = { .check = true, .read_only = true };
+    ExtreeOpenOptions rep = { .check = true, .repair = true };
+    ExtreeOpenOptions nolog = { .no_mark_log = true };
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeMarkRange mr = { 2 * G64K, BS };
+    ExtreeCheckResult res;
+    ExtreeMarkLogInfo li;
+    Extree *t = ct_open(be);
+    uint8_t *rec;
+    uint64_t off;
+    char *err = NULL;
+
+    ct_write(t, 0, 4 * G64K);
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmpint(extree_mark_log_append(t, &mr, 1, &rec, &off), ==, 0);
+    /* the range lies: past the disk's end; the checksum made right */
+    ext_st64(rec + sizeof(ExtreeDiskMarkLogHeader), VSIZE);
+    ext_st32(rec + offsetof(ExtreeDiskMarkLogHeader, csum), 0);
+    ext_st32(rec + offsetof(ExtreeDiskMarkLogHeader, csum),
+             extree_crc32c(0, rec, EXTREE_MARK_LOG_RECORD));
+    be->ops->pwrite(be->opaque, off, rec, EXTREE_MARK_LOG_RECORD);
+    g_free(rec);
+    extree_close(t);
+
+    t = NULL;
+    g_assert_cmpint(extree_open(be, NULL, &t, &err), ==, -EIO);
+    g_assert_nonnull(strstr(err, "corrupt mark log at offset"));
+    g_free(err);
+    err = NULL;
+    g_assert_cmpint(extree_open(be, &chk, &t, &err), ==, 0);
+    g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, ==, 1);
+    g_assert_true(ct_has_msg(&r, "corrupt mark log at offset"));
+    extree_close(t);
+    t = NULL;
+    g_assert_cmpint(extree_open(be, &rep, &t, &err), ==, 0);
+    g_assert_cmpint(extree_check(t, true, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.repaired_corruptions, ==, 1);
+    extree_close(t);
+    t = ct_open(be);
+    g_assert_cmpuint(dirty(t, "b0"), ==, VSIZE / G64K);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    g_ptr_array_free(r.msgs, true);
+    extree_mem_backend_free(be);
+
+    be = ct_create(VSIZE, BS, NS);
+    g_assert_cmpint(extree_open(be, &nolog, &t, &err), ==, 0);
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    extree_mark_log_info(t, &li);
+    g_assert_cmpuint(li.offset, ==, 0);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 int main(int argc, char **argv)
 {
     g_test_init(&argc, &argv, NULL);
@@ -1051,5 +1232,7 @@ int main(int argc, char **argv)
     g_test_add_func("/bitmap/kept-marks", test_kept_marks);
     g_test_add_func("/bitmap/in-place-marked", test_in_place_marked);
     g_test_add_func("/bitmap/memory-bound", test_memory_bound);
+    g_test_add_func("/bitmap/mark-log", test_mark_log);
+    g_test_add_func("/bitmap/mark-log-damage", test_mark_log_damage);
     return g_test_run();
 }

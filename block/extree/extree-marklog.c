@@ -1,0 +1,277 @@
+/*
+ * extree core: the mark log (EXTREE_INCOMPAT_MARK_LOG; spec: Mark log)
+ *
+ * A write in place over granules whose bits the committed bitmaps lack
+ * must not reach the disk before its marks do (spec: Persistent dirty
+ * bitmaps, 2).  Without the log the marks reach the disk only with a
+ * commit, so such a write goes to new space and changes the mapping
+ * instead: a tree update for every first write to a granule, and four
+ * times its size in node writes.  With the log, its caller appends one
+ * record of guest ranges (the marks of every write waiting at the time:
+ * group commit), flushes, and then writes in place: dm-era's order, with
+ * an append instead of a commit.
+ *
+ * Records belong to the running transaction (generation trans_gen) and
+ * form a chain from slot 0; a reader replays the chain that follows the
+ * superblock it opened and stops at the first record that is torn, stale
+ * or out of order.  Replaying sets bits, so it may be repeated, and a
+ * record of a write that never reached the disk only sets more bits than
+ * needed.  A commit stores the bits, which makes the chain stale: the next
+ * one starts at slot 0 with the next generation.
+ *
+ * Copyright (c) 2026 The extree authors
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include <stddef.h>
+
+#include "extree-int.h"
+
+#define LH_OFF(f) offsetof(ExtreeDiskMarkLogHeader, f)
+
+static uint32_t slots(const Extree *t)
+{
+    return t->bm.log_len / EXTREE_MARK_LOG_RECORD;
+}
+
+/* CRC-32C of a record with its csum field taken as 0 */
+static uint32_t record_csum(const uint8_t *rec)
+{
+    static const uint8_t zero[4];
+    uint32_t c = extree_crc32c(0, rec, LH_OFF(csum));
+
+    c = extree_crc32c(c, zero, sizeof(zero));
+    return extree_crc32c(c, rec + LH_OFF(csum) + 4,
+                         EXTREE_MARK_LOG_RECORD - LH_OFF(csum) - 4);
+}
+
+/*
+ * Is @rec the record of slot @seq of the chain of generation @gen?  Its
+ * count and ranges are checked by the caller.
+ */
+static bool record_valid(const uint8_t *rec, uint64_t gen, uint32_t seq)
+{
+    return ext_ld64(rec + LH_OFF(magic)) == EXTREE_MARK_LOG_MAGIC &&
+           ext_ld64(rec + LH_OFF(generation)) == gen &&
+           ext_ld32(rec + LH_OFF(seq)) == seq &&
+           ext_ld32(rec + LH_OFF(csum)) == record_csum(rec);
+}
+
+/* Why the ranges of a valid record cannot be (g_free()), NULL if they can */
+static char *record_bad(const uint8_t *rec, uint64_t data_end)
+{
+    uint32_t count = ext_ld32(rec + LH_OFF(count));
+    const uint8_t *r = rec + sizeof(ExtreeDiskMarkLogHeader);
+
+    if (count == 0 || count > EXTREE_MARK_LOG_RANGES) {
+        return g_strdup_printf("bad count %u (1 to %zu)", count,
+                               (size_t)EXTREE_MARK_LOG_RANGES);
+    }
+    for (uint32_t i = 0; i < count; i++, r += sizeof(ExtreeDiskMarkLogRange)) {
+        uint64_t start = ext_ld64(r), len = ext_ld64(r + 8);
+
+        if (len == 0 || start >= data_end || len > data_end - start) {
+            return g_strdup_printf("range %u at guest offset 0x%" PRIx64
+                                   " length 0x%" PRIx64 " not inside the "
+                                   "virtual disk (0x%" PRIx64 ")", i, start,
+                                   len, data_end);
+        }
+    }
+    return NULL;
+}
+
+int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
+{
+    uint64_t data_end = EXTREE_ROUND_UP(sb->virtual_size, t->block_size);
+    uint8_t *buf;
+    uint32_t seq;
+    int ret;
+
+    t->bm.log = sb->mark_log;
+    t->bm.log_len = sb->mark_log_len;
+    t->bm.log_ok = sb->mark_log != 0;
+    t->bm.log_next = t->bm.log_replayed = 0;
+    if (!t->bm.log) {
+        return 0;
+    }
+    buf = g_malloc(t->bm.log_len);
+    ret = t->be->ops->pread(t->be->opaque, t->bm.log, buf, t->bm.log_len);
+    for (seq = 0; ret == 0 && seq < slots(t); seq++) {
+        const uint8_t *rec = buf + (size_t)seq * EXTREE_MARK_LOG_RECORD;
+        const uint8_t *r = rec + sizeof(ExtreeDiskMarkLogHeader);
+        uint64_t off = t->bm.log + (uint64_t)seq * EXTREE_MARK_LOG_RECORD;
+        char *why;
+
+        /* the chain of the transaction after the state opened ends here */
+        if (!record_valid(rec, sb->generation + 1, seq)) {
+            break;
+        }
+        why = record_bad(rec, data_end);
+        if (why) {
+            char *msg = g_strdup_printf("corrupt mark log at offset 0x%"
+                                        PRIx64 ": record %u: %s", off, seq,
+                                        why);
+            g_free(why);
+            if (tolerate) {
+                /* a checker's: what came before is replayed, -r repairs */
+                g_free(t->bm.log_bad);
+                t->bm.log_bad = msg;
+                break;
+            }
+            ret = extree_corrupt(t, off, "%s", msg);
+            g_free(msg);
+            break;
+        }
+        for (uint32_t i = 0; i < ext_ld32(rec + LH_OFF(count));
+             i++, r += sizeof(ExtreeDiskMarkLogRange)) {
+            extree_bitmaps_mark_logged(t, ext_ld64(r), ext_ld64(r + 8));
+            extree_bitmaps_logged_add(t, ext_ld64(r), ext_ld64(r + 8));
+        }
+    }
+    g_free(buf);
+    /* a later record of this chain goes after what is there */
+    t->bm.log_next = t->bm.log_replayed = seq;
+    return ret;
+}
+
+bool extree_mark_log_room(const Extree *t)
+{
+    return t->bm.log_ok && !t->read_only && t->bm.log_next < slots(t);
+}
+
+int extree_mark_log_append(Extree *t, const ExtreeMarkRange *r, unsigned n,
+                           uint8_t **record, uint64_t *offset)
+{
+    uint8_t *rec, *p;
+    uint32_t count = 0;
+    int ret = extree_check_writable(t);
+
+    *record = NULL;
+    if (ret < 0) {
+        return ret;
+    }
+    if (!extree_mark_log_room(t)) {
+        return -ENOSPC;
+    }
+    if (n == 0 || n > EXTREE_MARK_LOG_RANGES) {
+        return -EINVAL;
+    }
+    rec = g_malloc0(EXTREE_MARK_LOG_RECORD);
+    p = rec + sizeof(ExtreeDiskMarkLogHeader);
+    for (unsigned i = 0; i < n; i++) {
+        uint64_t end = MIN(r[i].start + r[i].len, t->virtual_size);
+
+        if (r[i].start >= end) {
+            continue;
+        }
+        /* set now: a commit before the write returns stores them too */
+        extree_bitmaps_mark_logged(t, r[i].start, end - r[i].start);
+        ext_st64(p, r[i].start);
+        ext_st64(p + 8, end - r[i].start);
+        p += sizeof(ExtreeDiskMarkLogRange);
+        count++;
+    }
+    if (!count) {
+        g_free(rec);
+        return -EINVAL;
+    }
+    ext_st64(rec + LH_OFF(magic), EXTREE_MARK_LOG_MAGIC);
+    ext_st64(rec + LH_OFF(generation), t->trans_gen);
+    ext_st32(rec + LH_OFF(seq), t->bm.log_next);
+    ext_st32(rec + LH_OFF(count), count);
+    ext_st32(rec + LH_OFF(csum), record_csum(rec));
+    *offset = t->bm.log + (uint64_t)t->bm.log_next * EXTREE_MARK_LOG_RECORD;
+    *record = rec;
+    t->bm.log_next++;
+    extree_trace(t, EXTREE_TRACE_MARK_LOG, t->trans_gen, t->bm.log_next - 1,
+                 count);
+    return 0;
+}
+
+void extree_mark_log_durable(Extree *t, const ExtreeMarkRange *r, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        uint64_t end = MIN(r[i].start + r[i].len, t->virtual_size);
+
+        if (r[i].start < end) {
+            extree_bitmaps_logged_add(t, r[i].start, end - r[i].start);
+        }
+    }
+}
+
+bool extree_mark_log_checkpoint_wanted(const Extree *t)
+{
+    return t->bm.dirty_logged && t->bm.log_ok &&
+           t->bm.log_next >= slots(t) / 2;
+}
+
+bool extree_mark_log_pending(const Extree *t)
+{
+    return t->bm.dirty_logged && !t->read_only;
+}
+
+void extree_mark_log_checkpoint(Extree *t)
+{
+    if (extree_mark_log_pending(t)) {
+        /* a commit with nothing else to do: it stores the marks */
+        t->super_dirty = true;
+    }
+}
+
+void extree_mark_log_info(const Extree *t, ExtreeMarkLogInfo *info)
+{
+    info->offset = t->bm.log;
+    info->length = t->bm.log_len;
+    info->records = t->bm.log_next;
+    info->replayed = t->bm.log_replayed;
+}
+
+/*
+ * Commit step 2: a log for an image with bitmaps, where the room allows
+ * (it is a help, never a need: without it writes go to new space as
+ * before); none for one without.  A new log is usable once the
+ * superblock naming it is durable.
+ */
+int extree_mark_log_commit_prepare(Extree *t)
+{
+    bool want = extree_bitmap_count(t) && !t->bm.no_log;
+    uint64_t len = EXTREE_ROUND_UP(EXTREE_MARK_LOG_DEFAULT, t->block_size);
+    int ret;
+
+    if (want && !t->bm.log) {
+        if (extree_alloc_data_allowance(t) / 2 < len) {
+            return 0;
+        }
+        ret = extree_alloc_contig(t, len, &t->bm.log);
+        if (ret < 0) {
+            t->bm.log = 0;
+            return ret == -ENOSPC ? 0 : ret;
+        }
+        t->bm.log_len = len;
+        t->bm.log_ok = false;
+        t->incompat |= EXTREE_INCOMPAT_MARK_LOG;
+        t->super_dirty = true;
+    } else if (!want && t->bm.log) {
+        ret = t->sm.ops->dec_ref(t->sm.opaque, t->bm.log, t->bm.log_len,
+                                 false);
+        if (ret < 0) {
+            return ret;
+        }
+        t->bm.log = 0;
+        t->bm.log_len = 0;
+        t->bm.log_ok = false;
+        t->incompat &= ~EXTREE_INCOMPAT_MARK_LOG;
+        t->super_dirty = true;
+    }
+    return 0;
+}
+
+/* Commit step 7: the bits are stored; the chain is stale */
+void extree_mark_log_commit_done(Extree *t)
+{
+    t->bm.log_ok = t->bm.log != 0;
+    t->bm.log_next = 0;
+    t->bm.dirty_logged = false;
+    extree_rs_clear(&t->bm.logged);
+}
