@@ -228,9 +228,9 @@ if [ $check = 1 ]; then
     # descriptors under /usr/share/qemu, which it mocks only for a /usr
     # prefix (102 firmware cases fail with this prefix; with --prefix=/usr
     # all 5244 cases pass, the series included)
-    tests=(virstoragetest qemublocktest qemucapabilitiestest
+    tests=(virstoragetest qemublocktest qemucapabilitiestest qemucaps2xmltest
            storagevolxml2argvtest storagevolxml2xmltest storagepoolxml2xmltest
-           genericxml2xmltest qemudomaincheckpointxml2xmltest
+           storagepoolcapstest genericxml2xmltest qemudomaincheckpointxml2xmltest
            qemudomainsnapshotxml2xmltest virschematest)
     meson test -C "$blddir" --no-rebuild --print-errorlogs "${tests[@]}" ||
         die "libvirt unit tests failed (log: build/libvirt/meson-logs/testlog.txt)"
