@@ -198,6 +198,7 @@ typedef struct BDRVExtreeState {
     /* Runtime options */
     uint64_t cache_size;                /* bytes, 0 = core default */
     uint64_t commit_interval;           /* seconds, 0 = no timer */
+    bool mark_log;                      /* runtime option mark-log */
     uint64_t dirty_limit;               /* bytes of dirty metadata */
 
     /*

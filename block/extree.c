@@ -40,6 +40,7 @@
 
 #define EXTREE_OPT_CACHE_SIZE       "cache-size"
 #define EXTREE_OPT_COMMIT_INTERVAL  "commit-interval"
+#define EXTREE_OPT_MARK_LOG         "mark-log"
 
 #define EXTREE_DEFAULT_COMMIT_INTERVAL  5           /* seconds */
 #define EXTREE_MAX_COMMIT_INTERVAL      (24 * 3600) /* seconds */
@@ -49,6 +50,7 @@ typedef struct ExtreeReopenState {
     bool core_read_only;
     uint64_t cache_size;
     uint64_t commit_interval;
+    bool mark_log;
 } ExtreeReopenState;
 
 static BlockDriver bdrv_extree;
@@ -71,6 +73,13 @@ static QemuOptsList xt_runtime_opts = {
                     "seconds after the first change (default: 5, at most "
                     "86400; 0: only on flush and when 16 MiB of metadata "
                     "are dirty)",
+        },
+        {
+            .name = EXTREE_OPT_MARK_LOG,
+            .type = QEMU_OPT_BOOL,
+            .help = "Add a mark log to an image with bitmaps that has none "
+                    "(default: on; off: a write in place over granules "
+                    "the stored bitmaps lack moves to new space)",
         },
         { /* end of list */ }
     },
@@ -196,7 +205,8 @@ static int xt_probe(const uint8_t *buf, int buf_size, const char *filename)
 }
 
 static int xt_parse_runtime_opts(QDict *options, uint64_t *cache_size,
-                                 uint64_t *commit_interval, Error **errp)
+                                 uint64_t *commit_interval, bool *mark_log,
+                                 Error **errp)
 {
     QemuOpts *opts;
     int ret = 0;
@@ -209,6 +219,7 @@ static int xt_parse_runtime_opts(QDict *options, uint64_t *cache_size,
     *cache_size = qemu_opt_get_size(opts, EXTREE_OPT_CACHE_SIZE, 0);
     *commit_interval = qemu_opt_get_number(opts, EXTREE_OPT_COMMIT_INTERVAL,
                                            EXTREE_DEFAULT_COMMIT_INTERVAL);
+    *mark_log = qemu_opt_get_bool(opts, EXTREE_OPT_MARK_LOG, true);
     if (*commit_interval > EXTREE_MAX_COMMIT_INTERVAL) {
         error_setg(errp, "'" EXTREE_OPT_COMMIT_INTERVAL "' must be between 0 "
                    "and %d seconds", EXTREE_MAX_COMMIT_INTERVAL);
@@ -247,6 +258,7 @@ xt_open_core(BDRVExtreeState *s, int flags, uint64_t cache_size,
         .repair = (flags & BDRV_O_CHECK) && (flags & BDRV_O_RDWR),
         .check = flags & BDRV_O_CHECK,
         .damage = &damage,
+        .no_mark_log = !s->mark_log,
     };
     g_autofree char *msg = NULL;
     const char *warning;
@@ -424,7 +436,7 @@ static int xt_open(BlockDriverState *bs, QDict *options, int flags,
     }
     xt_init_state(bs);
     ret = xt_parse_runtime_opts(options, &s->cache_size,
-                                &s->commit_interval, errp);
+                                &s->commit_interval, &s->mark_log, errp);
     if (ret < 0) {
         return ret;
     }
@@ -582,7 +594,7 @@ xt_reopen_prepare(BDRVReopenState *state, BlockReopenQueue *queue,
 
     r = g_new0(ExtreeReopenState, 1);
     ret = xt_parse_runtime_opts(state->options, &r->cache_size,
-                                &r->commit_interval, errp);
+                                &r->commit_interval, &r->mark_log, errp);
     if (ret < 0) {
         goto fail;
     }
@@ -640,6 +652,7 @@ static void GRAPH_UNLOCKED xt_reopen_commit(BDRVReopenState *state)
 
     s->cache_size = r->cache_size;
     s->commit_interval = r->commit_interval;
+    s->mark_log = r->mark_log;
     if (r->t) {
         xt_detach_aio_context(state->bs);
         xt_drop_core(s);
@@ -925,6 +938,15 @@ xt_get_specific_info(BlockDriverState *bs, Error **errp)
             }
             QAPI_LIST_APPEND(tail, bi);
         }
+    }
+    if (extree_incompat_features(s->t) & EXTREE_INCOMPAT_MARK_LOG) {
+        ImageInfoSpecificExtree *x = spec_info->u.extree.data;
+        ExtreeMarkLogInfo li;
+
+        extree_mark_log_info(s->t, &li);
+        x->mark_log = g_new0(ImageInfoSpecificExtreeMarkLog, 1);
+        x->mark_log->length = li.length;
+        x->mark_log->records = li.records;
     }
     if (s->crypto) {
         QCryptoBlockInfo *encrypt = qcrypto_block_get_info(s->crypto, errp);
