@@ -178,6 +178,7 @@ unpack_source() {
     # images): edit, commit, then git format-patch into patches/libvirt.
     local git=(git -C "$src.tmp" -c user.name=build-libvirt -c user.email=build-libvirt@localhost)
     "${git[@]}" init -q
+    printf '%s\n' .extree-debver .extree-unpacked >> "$src.tmp/.git/info/exclude"
     "${git[@]}" add -A
     "${git[@]}" commit -q -m "libvirt $ver (Debian's source package, its patches applied)"
     for p in "${patches[@]}"; do
