@@ -808,6 +808,20 @@ xt_co_check(BlockDriverState *bs, BdrvCheckResult *result,
         result->check_errors++;
         goto out;
     }
+    if (r.repaired_corruptions && !s->core_read_only) {
+        Error *local_err = NULL;
+
+        /*
+         * A repair may have changed the bitmaps (removed, or marked whole
+         * after a damaged mark log): QEMU's copies are read again, so that
+         * the close does not store the old bits over the repair
+         */
+        xt_bitmaps_release(s);
+        if (xt_bitmaps_load(s, &local_err) < 0) {
+            error_report_err(local_err);
+            result->check_errors++;
+        }
+    }
     /* BdrvCheckResult counts in int: a huge leak saturates */
     leaked_blocks = MIN((r.leaked_bytes + r.leaked_ref_bytes) /
                         s->block_size, INT_MAX);

@@ -34,6 +34,13 @@
 #                                      HOST removed: its blocks count 1
 #   xtpoke.py IMAGE host-of GUEST      the host offset the live tree maps
 #                                      guest offset GUEST to (DATA)
+#   Images with a mark log (spec: Mark log):
+#   xtpoke.py IMAGE mark-log           its records of the chain the newest
+#                                      superblock replays, one line each
+#   xtpoke.py IMAGE mark-log-lie START LEN  a record of that chain (the
+#                                      next slot) marking [START, +LEN),
+#                                      checksum valid
+#   xtpoke.py IMAGE mark-log-tear SEQ  a byte of record SEQ flipped
 #   (checksums are recomputed: only semantic validation can catch these)
 #
 # Copyright (c) 2026 The extree authors
@@ -161,6 +168,41 @@ def main():
             img.rewrite_super(slot, lambda b: struct.pack_into(
                 '<Q', b, 32, struct.unpack_from('<Q', b, 32)[0] | mask))
         print('incompatible features |= 0x%x' % mask)
+    elif what in ('mark-log', 'mark-log-lie', 'mark-log-tear'):
+        sb = img.slots[img.slot][1]
+        log_off, log_len = struct.unpack_from('<QI', sb, 256)
+        chain = []
+        for seq in range(log_len // 4096):
+            r = img.read(log_off + seq * 4096, 4096)
+            magic, gen, rseq, count, csum = struct.unpack_from('<QQIII', r)
+            body = r[:24] + b'\0' * 4 + r[28:]
+            if (magic != 0x474f4c4b52414d58 or gen != img.gen + 1 or
+                    rseq != seq or csum != crc32c(body)):
+                break
+            chain.append([struct.unpack_from('<QQ', r, 32 + 16 * i)
+                          for i in range(count)])
+        if what == 'mark-log':
+            print('mark log: %d records' % len(chain))
+            for seq, ranges in enumerate(chain):
+                print('record %d: %s' % (seq, ' '.join(
+                    '0x%x+0x%x' % rg for rg in ranges)))
+        elif what == 'mark-log-lie':
+            seq = len(chain)
+            r = bytearray(4096)
+            struct.pack_into('<QQII', r, 0, 0x474f4c4b52414d58, img.gen + 1,
+                             seq, 1)
+            struct.pack_into('<QQ', r, 32, int(sys.argv[3], 0),
+                             int(sys.argv[4], 0))
+            struct.pack_into('<I', r, 24, crc32c(bytes(r)))
+            img.write(log_off + seq * 4096, bytes(r))
+            print('mark log record %d: 0x%x+0x%x' %
+                  (seq, int(sys.argv[3], 0), int(sys.argv[4], 0)))
+        else:
+            seq = int(sys.argv[3])
+            off = log_off + seq * 4096 + 40
+            b = img.read(off, 1)[0]
+            img.write(off, bytes([b ^ 1]))
+            print('mark log record %d: torn' % seq)
     elif what == 'leak':
         n = int(sys.argv[3]) * img.block_size
         img.rewrite_super(img.slot, lambda b: struct.pack_into(
