@@ -38,6 +38,8 @@ XpState xp = {
     .cond = PTHREAD_COND_INITIALIZER,
     .committer_cond = PTHREAD_COND_INITIALIZER,
     .zero_range_ok = true,
+    .mark_batch = 1,
+    .mark_cond = PTHREAD_COND_INITIALIZER,
 };
 
 /* ---- Image locking, as QEMU's file protocol does it ---- */

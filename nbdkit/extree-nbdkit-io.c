@@ -149,10 +149,73 @@ int xp_commit_locked(void)
 /* After an update: commit when the core wants it.  xp.lock held */
 static int xp_update_done(void)
 {
-    if (!xp.core_read_only && extree_commit_wanted(xp.t)) {
+    if (xp.core_read_only) {
+        return 0;
+    }
+    if (extree_mark_log_checkpoint_wanted(xp.t)) {
+        /* half the mark log is used: store its marks, start a new one */
+        extree_mark_log_checkpoint(xp.t);
+        return xp_commit_locked();
+    }
+    if (extree_commit_wanted(xp.t)) {
         return xp_commit_locked();
     }
     return 0;
+}
+
+/*
+ * Make the marks of guest [@start, + @len) durable through the mark log
+ * (spec: Mark log), with those of every write waiting meanwhile in one
+ * record and one flush, as the QEMU driver does (xt_mark_log()).  xp.lock
+ * held and the request counted (xp_io_begin(): no commit runs between a
+ * record and the writes it lets go in place); drops and retakes it.  The
+ * caller looks the range up again.
+ */
+static void xp_mark_log(uint64_t start, uint64_t len)
+{
+    uint64_t batch;
+
+    while (xp.mark_npending == EXTREE_MARK_LOG_RANGES) {
+        pthread_cond_wait(&xp.mark_cond, &xp.lock);
+    }
+    xp.mark_pending[xp.mark_npending++] = (ExtreeMarkRange){ start, len };
+    batch = xp.mark_batch;
+    while (xp.mark_done < batch) {
+        ExtreeMarkRange r[EXTREE_MARK_LOG_RANGES];
+        uint64_t mine, off;
+        uint8_t *rec;
+        unsigned n;
+        int ret;
+
+        if (xp.mark_busy) {
+            pthread_cond_wait(&xp.mark_cond, &xp.lock);
+            continue;
+        }
+        xp.mark_busy = true;
+        n = xp.mark_npending;
+        memcpy(r, xp.mark_pending, n * sizeof(r[0]));
+        xp.mark_npending = 0;
+        mine = xp.mark_batch++;
+        ret = extree_mark_log_append(xp.t, r, n, &rec, &off);
+        if (ret == 0) {
+            pthread_mutex_unlock(&xp.lock);
+            ret = xp_pwrite_full(rec, EXTREE_MARK_LOG_RECORD, off);
+            if (ret == 0) {
+                ret = xp.be->ops->flush(xp.be->opaque);
+            }
+            pthread_mutex_lock(&xp.lock);
+            g_free(rec);
+            if (ret == 0) {
+                extree_mark_log_durable(xp.t, r, n);
+            }
+        }
+        if (ret < 0 && ret != -ENOSPC) {
+            nbdkit_debug("mark log record: %s", strerror(-ret));
+        }
+        xp.mark_done = mine;
+        xp.mark_busy = false;
+        pthread_cond_broadcast(&xp.mark_cond);
+    }
 }
 
 /*
@@ -448,7 +511,7 @@ static int xp_in_place(const ExtreeRun *run, uint64_t offset, uint64_t n,
 static int xp_write_locked(const uint8_t *data, uint64_t count,
                            uint64_t offset)
 {
-    bool committed = false, in_place;
+    bool committed = false, in_place, logged = false;
     ExtreeCursor cur;
     int ret = 0;
 
@@ -466,6 +529,19 @@ static int xp_write_locked(const uint8_t *data, uint64_t count,
         if (ret < 0) {
             xp_io_end();
             break;
+        }
+        if (!in_place && !logged && data) {
+            uint64_t bs = extree_block_size(xp.t);
+            uint64_t start = XP_ALIGN_DOWN(offset, bs);
+            uint64_t end = XP_ROUND_UP(offset + run.length, bs);
+
+            if (extree_mark_log_wanted(xp.t, &run, start, end - start)) {
+                /* only the committed marks keep it out: a record, again */
+                xp_mark_log(start, end - start);
+                logged = true;
+                xp_io_end();
+                continue;
+            }
         }
         n = run.length;
         if (in_place && data) {
@@ -494,6 +570,7 @@ static int xp_write_locked(const uint8_t *data, uint64_t count,
         }
         offset += n;
         count -= n;
+        logged = false;
         if (data) {
             data += n;
         }

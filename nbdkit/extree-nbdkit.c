@@ -99,9 +99,12 @@ static void *xp_committer(void *arg)
         if (xp.committer_stop) {
             break;
         }
-        if (xp.t && !xp.core_read_only && extree_is_dirty(xp.t) &&
-            !extree_is_broken(xp.t)) {
-            xp_commit_locked();
+        if (xp.t && !xp.core_read_only && !extree_is_broken(xp.t)) {
+            /* marks only the mark log holds are stored now too */
+            extree_mark_log_checkpoint(xp.t);
+            if (extree_is_dirty(xp.t)) {
+                xp_commit_locked();
+            }
         }
     }
     xp_unlock();
@@ -412,6 +415,7 @@ static void xp_cleanup(void)
     if (xp.t) {
         xp_lock();
         if (!xp.core_read_only && !extree_is_broken(xp.t)) {
+            extree_mark_log_checkpoint(xp.t);
             ret = xp_commit_locked();
             if (ret == 0) {
                 extree_discard_deferred(xp.t);

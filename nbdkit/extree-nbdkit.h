@@ -69,6 +69,18 @@ typedef struct XpState {
     bool zero_range_ok;
     /* A block device's size as the core knows it (its host limit) */
     int64_t blk_size;
+    /*
+     * Mark log group commit (xp_mark_log(), as the driver's): ranges
+     * waiting for a record, the batch the next record takes, the last
+     * batch whose record was written (or failed), whether a thread writes
+     * one; @mark_cond: a record was written.  One record at a time, in
+     * slot order (spec: Mark log, 2).
+     */
+    ExtreeMarkRange mark_pending[EXTREE_MARK_LOG_RANGES];
+    unsigned mark_npending;
+    uint64_t mark_batch, mark_done;
+    bool mark_busy;
+    pthread_cond_t mark_cond;
 } XpState;
 
 extern XpState xp;
