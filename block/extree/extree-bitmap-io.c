@@ -218,6 +218,10 @@ void extree_bitmaps_commit_done(Extree *t)
     t->bm.held = 0;
     t->bm.chunks_changed = 0;
     extree_alloc_commit_extra(t, 0);
+    if (t->bm.removed) {
+        /* committed without them: no state a crash returns to has them */
+        g_ptr_array_set_size(t->bm.removed, 0);
+    }
     if (!t->bm.dirty) {
         return;
     }
@@ -245,6 +249,10 @@ void extree_bitmaps_free(Extree *t)
         g_ptr_array_set_free_func(t->bm.list, (GDestroyNotify)extree_bm_free);
         g_ptr_array_free(t->bm.list, true);
         t->bm.list = NULL;
+    }
+    if (t->bm.removed) {
+        g_ptr_array_free(t->bm.removed, true);
+        t->bm.removed = NULL;
     }
     if (t->bm.marks) {
         g_array_free(t->bm.marks, true);
@@ -441,12 +449,8 @@ void extree_bitmaps_drop_damaged(Extree *t)
 void extree_bitmaps_forget(Extree *t, const bool *drop, bool dir)
 {
     for (guint i = t->bm.list->len; i-- > 0;) {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
-
         if (drop[i]) {
-            t->bm.enabled -= bm->enabled;
-            g_ptr_array_remove_index(t->bm.list, i);
-            extree_bm_free(bm);
+            extree_bm_drop(t, i);
         }
     }
     if (dir) {

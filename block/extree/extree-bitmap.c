@@ -387,10 +387,45 @@ void extree_bitmaps_mark(Extree *t, uint64_t guest, uint64_t bytes)
     }
 }
 
+/*
+ * Bitmap @i leaves the list.  One enabled in the committed state stays
+ * in t->bm.removed until the commit: a crash before it returns to a
+ * state where the bitmap records changes, so a write in place must still
+ * find its committed bits set (spec: Persistent dirty bitmaps, rule 2)
+ */
+void extree_bm_drop(Extree *t, guint i)
+{
+    ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
+
+    t->bm.enabled -= bm->enabled;
+    g_ptr_array_remove_index(t->bm.list, i);
+    if (!bm->cenabled) {
+        extree_bm_free(bm);
+        return;
+    }
+    if (!t->bm.removed) {
+        t->bm.removed = g_ptr_array_new_with_free_func(
+            (GDestroyNotify)extree_bm_free);
+    }
+    g_ptr_array_add(t->bm.removed, bm);
+}
+
 bool extree_bitmaps_in_place(Extree *t, uint64_t guest, uint64_t bytes)
 {
     uint64_t end = MIN(guest + bytes, t->virtual_size);
     bool ok = true, after_commit = true;
+
+    /* removed ones count until the commit; after it they are gone */
+    for (guint i = 0; t->bm.removed && i < t->bm.removed->len &&
+                      guest < end; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.removed, i);
+        uint64_t g1 = extree_bm_ngranules(end, bm->gran_bits);
+
+        if (g1 > bm->ngran ||
+            !all_set_committed(t, bm, guest >> bm->gran_bits, g1)) {
+            ok = false;
+        }
+    }
 
     for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
         ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
@@ -558,9 +593,7 @@ int extree_bitmap_remove(Extree *t, const char *name)
             return ret;
         }
     }
-    t->bm.enabled -= bm->enabled;
-    g_ptr_array_remove_index(t->bm.list, i);
-    extree_bm_free(bm);
+    extree_bm_drop(t, i);
     extree_bm_changed(t);
     return 0;
 }

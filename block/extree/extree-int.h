@@ -635,6 +635,13 @@ typedef struct ExtreeBitmaps {
      * enabled bitmaps, for extree_bitmap_sync()
      */
     GPtrArray *list;
+    /*
+     * Bitmaps enabled in the committed state that the running
+     * transaction removed: a crash returns to a state that has them, so
+     * until the commit writes in place must still find their committed
+     * bits set (extree_bitmaps_in_place()); freed by the commit
+     */
+    GPtrArray *removed;
     uint64_t dir;
     uint32_t dir_len;
     bool dirty;
