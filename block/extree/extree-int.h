@@ -1022,8 +1022,8 @@ uint64_t extree_alloc_nodes_estimate(const Extree *t);
 void extree_alloc_commit_extra(Extree *t, uint64_t nodes);
 bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig);
 bool extree_alloc_room_short(const Extree *t);
-bool extree_alloc_update_fits(const Extree *t);
-uint64_t extree_alloc_data_allowance(const Extree *t);
+bool extree_alloc_update_fits(const Extree *t, uint64_t extra);
+uint64_t extree_alloc_data_allowance(const Extree *t, uint64_t extra);
 GArray *extree_alloc_steal_log(Extree *t);
 bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
                             uint64_t *fs, uint64_t *fe);
@@ -1207,6 +1207,8 @@ void extree_bitmaps_forget(Extree *t, const bool *drop, bool dir);
 void extree_bitmaps_free(Extree *t);
 int extree_bitmaps_resize_ok(Extree *t, uint64_t size);
 void extree_bitmaps_commit_space(Extree *t);
+/* Nodes marking guest [guest, + bytes) adds to the next commit */
+uint64_t extree_bitmaps_mark_space(Extree *t, uint64_t guest, uint64_t bytes);
 int extree_bitmaps_resize(Extree *t, uint64_t size);
 int extree_bitmaps_prepare(Extree *t);
 int extree_bitmaps_write(Extree *t);
