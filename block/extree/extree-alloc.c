@@ -196,11 +196,6 @@ static uint64_t reserve_grow_size(const Extree *t)
     return MIN(want, MAX(EXT_RESERVE_MAX, EXT_RESERVE_MIN * ns));
 }
 
-uint64_t extree_grow_bound(const Extree *t, uint64_t bytes)
-{
-    return t->host_end + bytes + reserve_grow_size(t);
-}
-
 /*
  * The free range an update that allocates only nodes and @contig bytes in
  * one run needs so that host_end stays: nodes and a contiguous run come
@@ -239,11 +234,13 @@ uint64_t extree_alloc_nodes_estimate(const Extree *t)
 /*
  * What the next commit takes besides the trees' nodes, in nodes, as its
  * caller counts it (the bitmaps' new chunks and directory): part of the
- * estimate from now on.  O(1).
+ * estimate from now on; and what one update may add to it at most
+ * (@mark_max), part of the grow bounds.  O(1).
  */
-void extree_alloc_commit_extra(Extree *t, uint64_t nodes)
+void extree_alloc_commit_extra(Extree *t, uint64_t nodes, uint64_t mark_max)
 {
     t->space.commit_extra = nodes;
+    t->space.mark_max = mark_max;
 }
 
 /*
@@ -262,18 +259,41 @@ static uint64_t node_room(const Extree *t)
 }
 
 /*
+ * Bytes of growth the nodes of an update, its bitmap chunks at most
+ * (mark_max) and the commit after it (extree_alloc_nodes_estimate()) and
+ * @contig bytes in one run may need beyond the known free space
+ */
+uint64_t extree_alloc_nodes_short(const Extree *t, uint64_t contig)
+{
+    uint64_t ns = t->node_size;
+    uint64_t want = (extree_alloc_nodes_estimate(t) + t->space.mark_max +
+                     (contig + ns - 1) / ns + 1) * ns;
+
+    return want > node_room(t) ? want - node_room(t) : 0;
+}
+
+/*
+ * The data, a new reserve, and what the nodes may need beyond the known
+ * free space, bitmap chunks included: a device whose end is not known
+ * yet (after a reopen) must be found out before the update, whose guard
+ * then counts them, not by its commit (which ran out so, issue 49 B)
+ */
+uint64_t extree_grow_bound(const Extree *t, uint64_t bytes)
+{
+    return t->host_end + bytes + reserve_grow_size(t) +
+           extree_alloc_nodes_short(t, 0);
+}
+
+/*
  * Can the known free space take those nodes and @contig bytes in one run
  * with host_end where it is?  O(1).
  */
 bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig)
 {
-    uint64_t ns = t->node_size;
-
     if (contig && !extree_alloc_fits(t, contig)) {
         return false;
     }
-    return node_room(t) / ns >= extree_alloc_nodes_estimate(t) +
-                                (contig + ns - 1) / ns + 1;
+    return !extree_alloc_nodes_short(t, contig);
 }
 
 /* Do the sets hold a free range of @len bytes or more? */

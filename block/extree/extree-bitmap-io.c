@@ -217,12 +217,12 @@ void extree_bitmaps_commit_done(Extree *t)
     }
     t->bm.held = 0;
     t->bm.chunks_changed = 0;
-    extree_alloc_commit_extra(t, 0);
     if (t->bm.removed) {
         /* committed without them: no state a crash returns to has them */
         g_ptr_array_set_size(t->bm.removed, 0);
     }
     if (!t->bm.dirty) {
+        extree_bitmaps_commit_space(t);
         return;
     }
     for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
@@ -239,6 +239,7 @@ void extree_bitmaps_commit_done(Extree *t)
         }
     }
     t->bm.dirty = false;
+    extree_bitmaps_commit_space(t);
 }
 
 /* ---- Open: the directory and every chunk, validated ---- */
@@ -573,5 +574,6 @@ int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
     if (ret < 0) {
         bitmaps_reset(t);
     }
+    extree_bitmaps_commit_space(t);
     return ret;
 }

@@ -222,12 +222,20 @@ static uint64_t dir_nodes(Extree *t, uint64_t len)
 
 void extree_bitmaps_commit_space(Extree *t)
 {
-    uint64_t dir = 0;
+    uint64_t dir = 0, all = 0;
 
-    if (t->bm.dirty && t->bm.list && t->bm.list->len) {
+    if (t->bm.list && t->bm.list->len) {
         dir = dir_nodes(t, extree_bm_dir_bytes(t, t->virtual_size, 0));
     }
-    extree_alloc_commit_extra(t, t->bm.chunks_changed + dir);
+    /* what one update's marks may add: every chunk, O(bitmaps) */
+    for (guint i = 0; t->bm.enabled && i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
+
+        all += bm->enabled ? bm->nchunks : 0;
+    }
+    extree_alloc_commit_extra(t, t->bm.chunks_changed +
+                              (t->bm.dirty ? dir : 0),
+                              all + (all && !t->bm.dirty ? dir : 0));
 }
 
 /*

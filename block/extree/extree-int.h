@@ -534,6 +534,13 @@ typedef struct ExtreeSpace {
      * nodes (bitmap chunks and directory; extree_alloc_commit_extra())
      */
     uint64_t commit_extra;
+    /*
+     * ... and what the marks of one update may add to it at most (every
+     * chunk of every enabled bitmap), for the bounds a caller grows to
+     * (extree_grow_bound()): while a device's end is unknown no guard
+     * counts an update's chunks, so the bound must find the end first
+     */
+    uint64_t mark_max;
     /* ExtreeAllocOp since the last free-tree sync */
     GArray *oplog;
     /*
@@ -1019,8 +1026,9 @@ void extree_alloc_set_partial(Extree *t, uint64_t free_lo, uint64_t free_hi,
 uint64_t extree_alloc_nodes_need(const Extree *t, uint64_t contig);
 bool extree_alloc_fits(const Extree *t, uint64_t len);
 uint64_t extree_alloc_nodes_estimate(const Extree *t);
-void extree_alloc_commit_extra(Extree *t, uint64_t nodes);
+void extree_alloc_commit_extra(Extree *t, uint64_t nodes, uint64_t mark_max);
 bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig);
+uint64_t extree_alloc_nodes_short(const Extree *t, uint64_t contig);
 bool extree_alloc_room_short(const Extree *t);
 bool extree_alloc_update_fits(const Extree *t, uint64_t extra);
 uint64_t extree_alloc_data_allowance(const Extree *t, uint64_t extra);

@@ -789,7 +789,14 @@ uint64_t extree_grow_bound_nodes(Extree *t, uint64_t contig)
     if (!extree_alloc_fits(t, need) && t->space.alloc_partial) {
         extree_freetree_load_fit(t, need);
     }
-    return extree_alloc_fits(t, need) ? t->host_end : t->host_end + need;
+    /*
+     * One range that holds a reserve is not enough while the free space
+     * is short of the nodes an update and its commit may take, its
+     * bitmap chunks included: a device's end must be found before the
+     * update (whose guard then counts them), not by the commit
+     */
+    return t->host_end + MAX(extree_alloc_fits(t, need) ? 0 : need,
+                             extree_alloc_nodes_short(t, contig));
 }
 
 uint64_t extree_free_bytes(const Extree *t)
