@@ -1230,6 +1230,11 @@ int extree_check_backing(const char *file, const char *fmt, char **errmsg);
 
 /* extree-txn.c */
 uint64_t extree_sb_free_bytes(const Extree *t);
+/*
+ * extree_rollback() of only the caller's own failed operation, begun
+ * with nothing uncommitted: extree_changes_lost() stays as it was
+ */
+int extree_rollback_own(Extree *t);
 /* The value type of the trees of @owner (EXTREE_TREE_*) */
 const ExtreeValueType *extree_tree_vt(uint32_t owner);
 

@@ -482,6 +482,23 @@ int extree_rollback(Extree *t)
 }
 
 /*
+ * extree_rollback() of a transaction that holds nothing but its caller's
+ * failed operation, begun on a handle with nothing uncommitted (the caller
+ * committed first: a snapshot operation, the VM state's punch after a
+ * snapshot).  Nothing acknowledged is dropped, so extree_changes_lost()
+ * stays as it was: a snapshot whose punch ran out of space made every
+ * later flush fail until a reopen (issue 49).
+ */
+int extree_rollback_own(Extree *t)
+{
+    bool lost = t->changes_lost;
+    int ret = extree_rollback(t);
+
+    t->changes_lost = lost;
+    return ret;
+}
+
+/*
  * After a commit: give the host file back what the commit freed.  Discard
  * the ranges that became free (old node locations included), and cut the
  * file at host_end when commit lowered it.  Nothing can allocate this space

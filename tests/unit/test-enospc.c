@@ -1120,15 +1120,22 @@ static void m_snapshot(MRun *r, int op)
     }
     extree_stats(r->d.t, &after);
     /*
-     * Its rollback drops nothing acknowledged (everything before it was
-     * committed), but makes the flushes fail too; so does one of the
-     * VM state's punch after a snapshot taken (vmstate_drop())
+     * Its rollback, or one of the VM state's punch after a snapshot
+     * taken (vmstate_drop()), drops nothing acknowledged: everything
+     * before it was committed, so no flush may fail for it (every flush
+     * after a successful snapshot failed so until a reopen)
      */
     r->n.rollbacks_snap += after.rollbacks - before.rollbacks;
     if (ret == 0 && after.rollbacks > before.rollbacks) {
         r->n.snap_ok_rolled++;
     }
-    r->lost |= extree_changes_lost(r->d.t);
+    if (extree_changes_lost(r->d.t) != r->lost) {
+        m_fail(r, "snapshot operation %d (%s, %" PRIu64 " rollbacks): "
+               "changes lost %d, expect %d", op,
+               ret ? g_strerror(-ret) : "success",
+               after.rollbacks - before.rollbacks,
+               extree_changes_lost(r->d.t), r->lost);
+    }
     if (ret < 0) {
         r->n.snap_fail++;
         m_after_failure(r, ret, "snapshot");
