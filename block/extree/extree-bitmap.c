@@ -207,19 +207,21 @@ static void chunk_touch(Extree *t, ExtreeBitmap *bm, uint64_t c)
     }
 }
 
-/*
- * Tell the allocator what the next commit takes for the bitmaps, so that
- * updates stop (-ENOSPC) before a commit could run out of room on storage
- * of fixed size: a block for each changed chunk (counted as a node: it
- * may take a free node-sized range) and the directory, which moves whole.
- * O(bitmaps).
- */
+/* Nodes' worth of space a directory of @len bytes takes at a commit */
 static uint64_t dir_nodes(Extree *t, uint64_t len)
 {
     len = EXTREE_ROUND_UP(len, t->block_size);
     return (len + t->node_size - 1) / t->node_size + 1;
 }
 
+/*
+ * Tell the allocator what the next commit takes for the bitmaps, so that
+ * updates stop (-ENOSPC) before a commit could run out of room on storage
+ * of fixed size: a block for each changed chunk (counted as a node: it
+ * may take a free node-sized range) and the directory, which moves whole;
+ * and what one update's marks may add to that at most, for the grow
+ * bounds (extree_grow_bound()).  O(bitmaps).
+ */
 void extree_bitmaps_commit_space(Extree *t)
 {
     uint64_t dir = 0, all = 0;
@@ -692,7 +694,7 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
     ExtreeBitmap *bm;
     size_t len, n;
     uint8_t *want;
-    uint64_t touch = 0;
+    uint64_t touch = 0, need;
     bool changed = false;
     int ret = extree_check_writable(t);
 
@@ -744,8 +746,8 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
         touch += bm->chunk_state[c] == CHUNK_CLEAN &&
                  memcmp(want + off, bm->bits + off, t->block_size);
     }
-    if (!extree_alloc_update_fits(t, more_space(t, touch,
-                                                enabled != bm->enabled))) {
+    need = more_space(t, touch, enabled != bm->enabled);
+    if (need && !extree_alloc_update_fits(t, need)) {
         g_free(want);
         return -ENOSPC;
     }
