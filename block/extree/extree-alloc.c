@@ -196,11 +196,6 @@ static uint64_t reserve_grow_size(const Extree *t)
     return MIN(want, MAX(EXT_RESERVE_MAX, EXT_RESERVE_MIN * ns));
 }
 
-uint64_t extree_grow_bound(const Extree *t, uint64_t bytes)
-{
-    return t->host_end + bytes + reserve_grow_size(t);
-}
-
 /*
  * The free range an update that allocates only nodes and @contig bytes in
  * one run needs so that host_end stays: nodes and a contiguous run come
@@ -239,11 +234,13 @@ uint64_t extree_alloc_nodes_estimate(const Extree *t)
 /*
  * What the next commit takes besides the trees' nodes, in nodes, as its
  * caller counts it (the bitmaps' new chunks and directory): part of the
- * estimate from now on.  O(1).
+ * estimate from now on; and what one update may add to it at most
+ * (@mark_max), part of the grow bounds.  O(1).
  */
-void extree_alloc_commit_extra(Extree *t, uint64_t nodes)
+void extree_alloc_commit_extra(Extree *t, uint64_t nodes, uint64_t mark_max)
 {
     t->space.commit_extra = nodes;
+    t->space.mark_max = mark_max;
 }
 
 /*
@@ -262,18 +259,41 @@ static uint64_t node_room(const Extree *t)
 }
 
 /*
+ * Bytes of growth the nodes of an update, its bitmap chunks at most
+ * (mark_max) and the commit after it (extree_alloc_nodes_estimate()) and
+ * @contig bytes in one run may need beyond the known free space
+ */
+uint64_t extree_alloc_nodes_short(const Extree *t, uint64_t contig)
+{
+    uint64_t ns = t->node_size;
+    uint64_t want = (extree_alloc_nodes_estimate(t) + t->space.mark_max +
+                     (contig + ns - 1) / ns + 1) * ns;
+
+    return want > node_room(t) ? want - node_room(t) : 0;
+}
+
+/*
+ * The data, a new reserve, and what the nodes may need beyond the known
+ * free space, bitmap chunks included: a device whose end is not known
+ * yet (after a reopen) must be found out before the update, whose guard
+ * then counts them, not by its commit (which ran out so, issue 49 B)
+ */
+uint64_t extree_grow_bound(const Extree *t, uint64_t bytes)
+{
+    return t->host_end + bytes + reserve_grow_size(t) +
+           extree_alloc_nodes_short(t, 0);
+}
+
+/*
  * Can the known free space take those nodes and @contig bytes in one run
  * with host_end where it is?  O(1).
  */
 bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig)
 {
-    uint64_t ns = t->node_size;
-
     if (contig && !extree_alloc_fits(t, contig)) {
         return false;
     }
-    return node_room(t) / ns >= extree_alloc_nodes_estimate(t) +
-                                (contig + ns - 1) / ns + 1;
+    return !extree_alloc_nodes_short(t, contig);
 }
 
 /* Do the sets hold a free range of @len bytes or more? */
@@ -591,30 +611,33 @@ bool extree_alloc_room_short(const Extree *t)
  * headroom, which takes the nodes one piece (the items of one leaf)
  * copies, splits and merges and the commit of what it logs; the rest of
  * the estimate is the nodes the commit after it needs for what the
- * transaction logged before.  An update that would start without that room
+ * transaction logged before.  @extra is what the update adds to the
+ * commit besides what it logs, in nodes: the bitmap chunks it changes
+ * (extree_bitmaps_mark_space()), which may be one per enabled bitmap,
+ * more than that headroom.  An update that would start without that room
  * fails with -ENOSPC before it changes anything, and one cut into pieces
  * (extree_extent_update()) stops between two: either way the handle can
  * commit what it has, and the commit makes the space the transaction
  * freed reusable.  Always true on a backend that grows.  O(1).
  */
-bool extree_alloc_update_fits(const Extree *t)
+bool extree_alloc_update_fits(const Extree *t, uint64_t extra)
 {
     if (!t->space.host_limit || !t->space.alloc_loaded) {
         return true;
     }
     return (node_room(t) + grow_room(t, false)) / t->node_size >=
            extree_alloc_nodes_estimate(t) - EXT_META_HEADROOM_NODES +
-           EXT_UPDATE_HEADROOM_NODES;
+           EXT_UPDATE_HEADROOM_NODES + extra;
 }
 
 /*
  * On a backend of fixed size, the most data may take now: what leaves
- * extree_alloc_update_fits() true after the take, which logs a range and
- * may split a free range (a node's room lost); UINT64_MAX on a backend
- * that grows.  So the mapping of data placed always finds the room the
+ * extree_alloc_update_fits(@extra) true after the take, which logs a
+ * range and may split a free range (a node's room lost); UINT64_MAX on a
+ * backend that grows.  So the mapping of data placed always finds the room the
  * guard asks for, unless other updates came in between.  O(1).
  */
-uint64_t extree_alloc_data_allowance(const Extree *t)
+uint64_t extree_alloc_data_allowance(const Extree *t, uint64_t extra)
 {
     uint64_t ns = t->node_size, room, need;
 
@@ -622,7 +645,8 @@ uint64_t extree_alloc_data_allowance(const Extree *t)
         return UINT64_MAX;
     }
     room = node_room(t) + grow_room(t, false);
-    need = (extree_alloc_nodes_estimate(t) + nodes_per_logged(t) + 1) * ns;
+    need = (extree_alloc_nodes_estimate(t) + nodes_per_logged(t) + 1 +
+            extra) * ns;
     return room > need ? (room - need) / t->block_size * t->block_size : 0;
 }
 
@@ -1021,13 +1045,18 @@ void extree_alloc_reset_free(Extree *t, GArray *used)
 }
 
 /*
- * @bytes of contiguous space (the snapshot table): the lowest range of
- * avail or freed node space that fits, else the end of the file
+ * @bytes of contiguous space (the snapshot table, bitmap chunks and
+ * directory): the lowest range of avail or freed node space that fits,
+ * else the end of the file, else the front of the metadata reserve.  The
+ * reserve is free space that node_room() counts, and so does the guard:
+ * a commit whose chunks found no free range but the reserve's ran out of
+ * space with the reserve still holding 85 nodes (issue 49 B).
  */
 int extree_alloc_contig(Extree *t, uint64_t bytes, uint64_t *host)
 {
     ExtreeRangeSet *set = &t->space.avail;
     ExtreeRange *r = extree_rs_first_fit(set, bytes);
+    int ret;
 
     if (!r) {
         set = &t->space.nfree;
@@ -1038,5 +1067,12 @@ int extree_alloc_contig(Extree *t, uint64_t bytes, uint64_t *host)
         take(t, set, *host, bytes);
         return 0;
     }
-    return grow(t, bytes, host);
+    ret = grow(t, bytes, host);
+    if (ret == -ENOSPC && resv_bytes(t) >= bytes) {
+        *host = t->space.resv_start;
+        t->space.resv_start += bytes;
+        log_op(t, *host, bytes, false);
+        ret = 0;
+    }
+    return ret;
 }

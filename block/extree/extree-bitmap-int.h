@@ -42,6 +42,8 @@ uint64_t extree_bm_popcount(const uint8_t *p, size_t len);
 bool extree_bm_chunk_differs(Extree *t, const ExtreeBitmap *bm, uint64_t c);
 /* Chunk @c of @bm loses its block (freed at commit), if it has one */
 int extree_bm_chunk_release(Extree *t, ExtreeBitmap *bm, uint64_t c);
+/* Bitmap @i leaves the list (kept for the in-place rule until commit) */
+void extree_bm_drop(Extree *t, guint i);
 /* The directory is written again at the next commit */
 void extree_bm_changed(Extree *t);
 

@@ -219,8 +219,12 @@ void extree_bitmaps_commit_done(Extree *t)
     }
     t->bm.held = 0;
     t->bm.chunks_changed = 0;
-    extree_alloc_commit_extra(t, 0);
+    if (t->bm.removed) {
+        /* committed without them: no state a crash returns to has them */
+        g_ptr_array_set_size(t->bm.removed, 0);
+    }
     if (!t->bm.dirty) {
+        extree_bitmaps_commit_space(t);
         return;
     }
     for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
@@ -237,6 +241,7 @@ void extree_bitmaps_commit_done(Extree *t)
         }
     }
     t->bm.dirty = false;
+    extree_bitmaps_commit_space(t);
 }
 
 /* ---- Open: the directory and every chunk, validated ---- */
@@ -247,6 +252,10 @@ void extree_bitmaps_free(Extree *t)
         g_ptr_array_set_free_func(t->bm.list, (GDestroyNotify)extree_bm_free);
         g_ptr_array_free(t->bm.list, true);
         t->bm.list = NULL;
+    }
+    if (t->bm.removed) {
+        g_ptr_array_free(t->bm.removed, true);
+        t->bm.removed = NULL;
     }
     if (t->bm.marks) {
         g_array_free(t->bm.marks, true);
@@ -450,12 +459,8 @@ void extree_bitmaps_drop_damaged(Extree *t)
 void extree_bitmaps_forget(Extree *t, const bool *drop, bool dir)
 {
     for (guint i = t->bm.list->len; i-- > 0;) {
-        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
-
         if (drop[i]) {
-            t->bm.enabled -= bm->enabled;
-            g_ptr_array_remove_index(t->bm.list, i);
-            extree_bm_free(bm);
+            extree_bm_drop(t, i);
         }
     }
     if (dir) {
@@ -578,5 +583,6 @@ int extree_bitmaps_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
     if (ret < 0) {
         bitmaps_reset(t);
     }
+    extree_bitmaps_commit_space(t);
     return ret;
 }

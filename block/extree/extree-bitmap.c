@@ -207,23 +207,82 @@ static void chunk_touch(Extree *t, ExtreeBitmap *bm, uint64_t c)
     }
 }
 
+/* Nodes' worth of space a directory of @len bytes takes at a commit */
+static uint64_t dir_nodes(Extree *t, uint64_t len)
+{
+    len = EXTREE_ROUND_UP(len, t->block_size);
+    return (len + t->node_size - 1) / t->node_size + 1;
+}
+
 /*
  * Tell the allocator what the next commit takes for the bitmaps, so that
  * updates stop (-ENOSPC) before a commit could run out of room on storage
  * of fixed size: a block for each changed chunk (counted as a node: it
- * may take a free node-sized range) and the directory, which moves whole.
- * O(bitmaps).
+ * may take a free node-sized range) and the directory, which moves whole;
+ * and what one update's marks may add to that at most, for the grow
+ * bounds (extree_grow_bound()).  O(bitmaps).
  */
 void extree_bitmaps_commit_space(Extree *t)
 {
-    uint64_t dir = 0;
+    uint64_t dir = 0, all = 0;
 
-    if (t->bm.dirty && t->bm.list && t->bm.list->len) {
-        dir = EXTREE_ROUND_UP(extree_bm_dir_bytes(t, t->virtual_size, 0),
-                              t->block_size);
-        dir = (dir + t->node_size - 1) / t->node_size + 1;
+    if (t->bm.list && t->bm.list->len) {
+        dir = dir_nodes(t, extree_bm_dir_bytes(t, t->virtual_size, 0));
     }
-    extree_alloc_commit_extra(t, t->bm.chunks_changed + dir);
+    /* what one update's marks may add: every chunk, O(bitmaps) */
+    for (guint i = 0; t->bm.enabled && i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
+
+        all += bm->enabled ? bm->nchunks : 0;
+    }
+    extree_alloc_commit_extra(t, t->bm.chunks_changed +
+                              (t->bm.dirty ? dir : 0),
+                              all + (all && !t->bm.dirty ? dir : 0));
+}
+
+/*
+ * What a change of @chunks more chunks, or of the directory alone (@dir),
+ * adds to that, in nodes: the chunks, and the directory if nothing of the
+ * bitmaps changed yet
+ */
+static uint64_t more_space(Extree *t, uint64_t chunks, bool dir)
+{
+    if (!(chunks || dir) || t->bm.dirty) {
+        return chunks;
+    }
+    return chunks + dir_nodes(t, extree_bm_dir_bytes(t, t->virtual_size, 0));
+}
+
+/*
+ * What marking guest [guest, + bytes) (extree_bitmaps_mark()) adds to the
+ * next commit's space, in nodes: a chunk of every enabled bitmap whose
+ * granules in the range are not all set, unless this transaction changed
+ * it already, and the directory.  An update asks the guard for it before
+ * it begins (extree_alloc_update_fits()): one update after a clear
+ * changes a chunk in every bitmap, 63 of them with 63 bitmaps, more than
+ * the guard's headroom for one update, and its commit ran out of space.
+ * O(bitmaps + granules).
+ */
+uint64_t extree_bitmaps_mark_space(Extree *t, uint64_t guest, uint64_t bytes)
+{
+    uint64_t end = MIN(guest + bytes, t->virtual_size);
+    uint64_t per = (uint64_t)t->block_size * 8, n = 0;
+
+    for (guint i = 0; t->bm.enabled && guest < end && i < t->bm.list->len;
+         i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
+        uint64_t g0 = guest >> bm->gran_bits;
+        uint64_t g1 = extree_bm_ngranules(end, bm->gran_bits);
+
+        while (bm->enabled && g0 < g1) {
+            uint64_t c = g0 / per, e = MIN(g1, (c + 1) * per);
+
+            n += bm->chunk_state[c] == CHUNK_CLEAN &&
+                 !all_set(bm->bits, g0, e);
+            g0 = e;
+        }
+    }
+    return more_space(t, n, false);
 }
 
 /* Chunk @c as committed */
@@ -419,10 +478,47 @@ static bool logged_covers(Extree *t, uint64_t guest, uint64_t end)
     return r && r->start + r->len >= end;
 }
 
+/*
+ * Bitmap @i leaves the list.  One enabled in the committed state stays
+ * in t->bm.removed until the commit: a crash before it returns to a
+ * state where the bitmap records changes, so a write in place must still
+ * find its committed bits set (spec: Persistent dirty bitmaps, rule 2)
+ */
+void extree_bm_drop(Extree *t, guint i)
+{
+    ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
+
+    t->bm.enabled -= bm->enabled;
+    g_ptr_array_remove_index(t->bm.list, i);
+    if (!bm->cenabled) {
+        extree_bm_free(bm);
+        return;
+    }
+    if (!t->bm.removed) {
+        t->bm.removed = g_ptr_array_new_with_free_func(
+            (GDestroyNotify)extree_bm_free);
+    }
+    g_ptr_array_add(t->bm.removed, bm);
+}
+
 bool extree_bitmaps_in_place(Extree *t, uint64_t guest, uint64_t bytes)
 {
     uint64_t end = MIN(guest + bytes, t->virtual_size);
     bool ok = true, after_commit = true;
+
+    /* removed ones count until the commit; after it they are gone */
+    for (guint i = 0; t->bm.removed && i < t->bm.removed->len &&
+                      guest < end; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.removed, i);
+        uint64_t g1 = extree_bm_ngranules(end, bm->gran_bits);
+
+        /* a crash replays the mark log into it too */
+        if (g1 > bm->ngran ||
+            !(all_set_committed(t, bm, guest >> bm->gran_bits, g1) ||
+              logged_covers(t, guest, end))) {
+            ok = false;
+        }
+    }
 
     for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
         ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
@@ -552,6 +648,7 @@ int extree_bitmap_add(Extree *t, const char *name, uint64_t granularity,
                       bool enabled)
 {
     char *why = NULL;
+    uint64_t entry, need;
     int ret = extree_check_writable(t);
 
     if (ret == 0) {
@@ -560,6 +657,22 @@ int extree_bitmap_add(Extree *t, const char *name, uint64_t granularity,
     }
     if (ret < 0) {
         return ret;
+    }
+    /*
+     * On storage of fixed size, the directory's growth must fit before
+     * anything changes, as an update's nodes must (the guard)
+     */
+    entry = extree_bm_entry_bytes(strlen(name),
+                                  extree_bm_nchunks_for(extree_bm_ngranules(
+                                      t->virtual_size,
+                                      __builtin_ctzll(granularity)),
+                                      t->block_size));
+    need = dir_nodes(t, extree_bm_dir_bytes(t, t->virtual_size, entry));
+    if (t->bm.dirty && extree_bitmap_count(t)) {
+        need -= dir_nodes(t, extree_bm_dir_bytes(t, t->virtual_size, 0));
+    }
+    if (!extree_alloc_update_fits(t, need)) {
+        return -ENOSPC;
     }
     if (!t->bm.list) {
         t->bm.list = g_ptr_array_new();
@@ -592,9 +705,7 @@ int extree_bitmap_remove(Extree *t, const char *name)
             return ret;
         }
     }
-    t->bm.enabled -= bm->enabled;
-    g_ptr_array_remove_index(t->bm.list, i);
-    extree_bm_free(bm);
+    extree_bm_drop(t, i);
     extree_bm_changed(t);
     return 0;
 }
@@ -619,6 +730,7 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
     ExtreeBitmap *bm;
     size_t len, n;
     uint8_t *want;
+    uint64_t touch = 0, need;
     bool changed = false;
     int ret = extree_check_writable(t);
 
@@ -658,6 +770,22 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
                 want[g >> 3] |= 1 << (g & 7);
             }
         }
+    }
+    /*
+     * A clear or merge changes chunks no update counted: on storage of
+     * fixed size their new blocks must fit before anything changes
+     * (extree_alloc_update_fits()), or the commit could run out of space
+     */
+    for (uint64_t c = 0; c < bm->nchunks; c++) {
+        size_t off = c * t->block_size;
+
+        touch += bm->chunk_state[c] == CHUNK_CLEAN &&
+                 memcmp(want + off, bm->bits + off, t->block_size);
+    }
+    need = more_space(t, touch, enabled != bm->enabled);
+    if (need && !extree_alloc_update_fits(t, need)) {
+        g_free(want);
+        return -ENOSPC;
     }
     for (uint64_t c = 0; c < bm->nchunks; c++) {
         size_t off = c * t->block_size;

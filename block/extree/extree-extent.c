@@ -404,11 +404,12 @@ int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
         (!host_space_ok(t, it) || it->length != bytes)) {
         return -EINVAL;
     }
-    if (!extree_alloc_update_fits(t)) {
-        return -ENOSPC;
-    }
     if (it->type == EXTREE_ITEM_DATA || it->type == EXTREE_ITEM_COMPRESSED ||
         !t->space.host_limit) {
+        if (!extree_alloc_update_fits(t, extree_bitmaps_mark_space(t, guest,
+                                                                  bytes))) {
+            return -ENOSPC;
+        }
         return replace(t, it, guest, bytes);
     }
     while (pos < end) {
@@ -424,7 +425,9 @@ int extree_extent_update(Extree *t, const ExtreeItem *it, uint64_t guest,
         }
         cut = MIN(cut, end);
         if (!done) {
-            if (pos > guest && !extree_alloc_update_fits(t)) {
+            /* each piece with the chunks its marks change */
+            if (!extree_alloc_update_fits(t, extree_bitmaps_mark_space(t,
+                                                 pos, cut - pos))) {
                 return -ENOSPC;
             }
             ret = replace(t, it, pos, cut - pos);
@@ -470,7 +473,8 @@ int extree_extent_map_pieces(Extree *t, uint64_t guest, const uint64_t *host,
     if (!n) {
         return -EINVAL;
     }
-    if (!extree_alloc_update_fits(t)) {
+    if (!extree_alloc_update_fits(t, extree_bitmaps_mark_space(t, guest,
+                                                              bytes))) {
         return -ENOSPC;
     }
     ret = replace(t, &none, guest, bytes);
@@ -807,7 +811,8 @@ static int alloc_data_place(Extree *t, uint64_t guest, uint64_t bytes,
         return ret;
     }
     /* a backend of fixed size: no more than leaves its mapping room */
-    bytes = MIN(bytes, extree_alloc_data_allowance(t));
+    bytes = MIN(bytes, extree_alloc_data_allowance(t,
+                            extree_bitmaps_mark_space(t, guest, bytes)));
     if (!bytes) {
         return -ENOSPC;
     }

@@ -534,6 +534,13 @@ typedef struct ExtreeSpace {
      * nodes (bitmap chunks and directory; extree_alloc_commit_extra())
      */
     uint64_t commit_extra;
+    /*
+     * ... and what the marks of one update may add to it at most (every
+     * chunk of every enabled bitmap), for the bounds a caller grows to
+     * (extree_grow_bound()): while a device's end is unknown no guard
+     * counts an update's chunks, so the bound must find the end first
+     */
+    uint64_t mark_max;
     /* ExtreeAllocOp since the last free-tree sync */
     GArray *oplog;
     /*
@@ -635,6 +642,13 @@ typedef struct ExtreeBitmaps {
      * enabled bitmaps, for extree_bitmap_sync()
      */
     GPtrArray *list;
+    /*
+     * Bitmaps enabled in the committed state that the running
+     * transaction removed: a crash returns to a state that has them, so
+     * until the commit writes in place must still find their committed
+     * bits set (extree_bitmaps_in_place()); freed by the commit
+     */
+    GPtrArray *removed;
     uint64_t dir;
     uint32_t dir_len;
     bool dirty;
@@ -1033,11 +1047,12 @@ void extree_alloc_set_partial(Extree *t, uint64_t free_lo, uint64_t free_hi,
 uint64_t extree_alloc_nodes_need(const Extree *t, uint64_t contig);
 bool extree_alloc_fits(const Extree *t, uint64_t len);
 uint64_t extree_alloc_nodes_estimate(const Extree *t);
-void extree_alloc_commit_extra(Extree *t, uint64_t nodes);
+void extree_alloc_commit_extra(Extree *t, uint64_t nodes, uint64_t mark_max);
 bool extree_alloc_nodes_fit(const Extree *t, uint64_t contig);
+uint64_t extree_alloc_nodes_short(const Extree *t, uint64_t contig);
 bool extree_alloc_room_short(const Extree *t);
-bool extree_alloc_update_fits(const Extree *t);
-uint64_t extree_alloc_data_allowance(const Extree *t);
+bool extree_alloc_update_fits(const Extree *t, uint64_t extra);
+uint64_t extree_alloc_data_allowance(const Extree *t, uint64_t extra);
 GArray *extree_alloc_steal_log(Extree *t);
 bool extree_alloc_next_free(Extree *t, uint64_t pos, uint64_t end,
                             uint64_t *fs, uint64_t *fe);
@@ -1224,6 +1239,8 @@ void extree_bitmaps_forget(Extree *t, const bool *drop, bool dir);
 void extree_bitmaps_free(Extree *t);
 int extree_bitmaps_resize_ok(Extree *t, uint64_t size);
 void extree_bitmaps_commit_space(Extree *t);
+/* Nodes marking guest [guest, + bytes) adds to the next commit */
+uint64_t extree_bitmaps_mark_space(Extree *t, uint64_t guest, uint64_t bytes);
 int extree_bitmaps_resize(Extree *t, uint64_t size);
 int extree_bitmaps_prepare(Extree *t);
 int extree_bitmaps_write(Extree *t);
@@ -1253,6 +1270,11 @@ int extree_check_backing(const char *file, const char *fmt, char **errmsg);
 
 /* extree-txn.c */
 uint64_t extree_sb_free_bytes(const Extree *t);
+/*
+ * extree_rollback() of only the caller's own failed operation, begun
+ * with nothing uncommitted: extree_changes_lost() stays as it was
+ */
+int extree_rollback_own(Extree *t);
 /* The value type of the trees of @owner (EXTREE_TREE_*) */
 const ExtreeValueType *extree_tree_vt(uint32_t owner);
 

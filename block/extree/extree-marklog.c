@@ -144,6 +144,7 @@ int extree_mark_log_append(Extree *t, const ExtreeMarkRange *r, unsigned n,
                            uint8_t **record, uint64_t *offset)
 {
     uint8_t *rec, *p;
+    uint64_t space = 0;
     uint32_t count = 0;
     int ret = extree_check_writable(t);
 
@@ -156,6 +157,17 @@ int extree_mark_log_append(Extree *t, const ExtreeMarkRange *r, unsigned n,
     }
     if (n == 0 || n > EXTREE_MARK_LOG_RANGES) {
         return -EINVAL;
+    }
+    /*
+     * The chunks the marks change are written by the next commit: on
+     * storage of fixed size, only where the guard keeps room for them
+     * (else the writes go to new space, under the same guard)
+     */
+    for (unsigned i = 0; i < n; i++) {
+        space += extree_bitmaps_mark_space(t, r[i].start, r[i].len);
+    }
+    if (!extree_alloc_update_fits(t, space)) {
+        return -ENOSPC;
     }
     rec = g_malloc0(EXTREE_MARK_LOG_RECORD);
     p = rec + sizeof(ExtreeDiskMarkLogHeader);
@@ -240,7 +252,7 @@ int extree_mark_log_commit_prepare(Extree *t)
     int ret;
 
     if (want && !t->bm.log) {
-        if (extree_alloc_data_allowance(t) / 2 < len) {
+        if (extree_alloc_data_allowance(t, 0) / 2 < len) {
             return 0;
         }
         ret = extree_alloc_contig(t, len, &t->bm.log);

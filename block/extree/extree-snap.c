@@ -127,8 +127,9 @@ static int begin(Extree *t, unsigned index)
  * The end of an operation: commit it.  Host space that ran out (the
  * snapshot table, the nodes of the commit's syncs, a backend of fixed
  * size whose end the commit's writes found) undoes it: begin() committed
- * everything before it, so the rollback loses nothing else, and the
- * handle goes on as it was.  Any other failure gives up on the handle.
+ * everything before it, so the rollback loses nothing else (nothing a
+ * flush need report), and the handle goes on as it was.  Any other
+ * failure gives up on the handle.
  */
 static int finish(Extree *t, int ret)
 {
@@ -137,7 +138,7 @@ static int finish(Extree *t, int ret)
         ret = extree_commit(t);
     }
     if (ret == -ENOSPC && extree_can_roll_back(t) &&
-        extree_rollback(t) == 0) {
+        extree_rollback_own(t) == 0) {
         return ret;
     }
     if (ret < 0) {
@@ -154,8 +155,10 @@ static int finish(Extree *t, int ret)
  * failed write the punch stays pending and the next commit retries it; a
  * failed flush or punch marks the handle broken (extree_commit(),
  * extree_extent_update()), so that updates fail until a reopen, except
- * that a punch or commit that ran out of space is rolled back.  Either
- * way the committed live tree still holds the area, which costs space
+ * that a punch or commit that ran out of space half-way is rolled back,
+ * and one the guard refused or stopped between two pieces (nothing
+ * broken) stays for the next commit.  Either way the committed live
+ * tree still holds the area (or part of it), which costs space
  * only: the next savevm overwrites it, and a later snapshot taken
  * without VM state carries it unread (vm_state_size 0).
  */
@@ -170,9 +173,14 @@ static void vmstate_drop(Extree *t)
     if (ret == 0) {
         ret = extree_commit(t);
     }
-    if (ret == -ENOSPC && extree_can_roll_back(t)) {
-        /* only the punch is lost: the snapshot was committed before it */
-        extree_rollback(t);
+    if (ret == -ENOSPC && extree_is_broken(t) && extree_can_roll_back(t)) {
+        /*
+         * Only the punch is lost: the snapshot was committed before it,
+         * so no flush need fail for it.  A punch refused, or stopped
+         * between two pieces, by the guard broke nothing: what it did
+         * stays for the next commit.
+         */
+        extree_rollback_own(t);
     }
 }
 

@@ -487,6 +487,23 @@ int extree_rollback(Extree *t)
 }
 
 /*
+ * extree_rollback() of a transaction that holds nothing but its caller's
+ * failed operation, begun on a handle with nothing uncommitted (the caller
+ * committed first: a snapshot operation, the VM state's punch after a
+ * snapshot).  Nothing acknowledged is dropped, so extree_changes_lost()
+ * stays as it was: a snapshot whose punch ran out of space made every
+ * later flush fail until a reopen (issue 49).
+ */
+int extree_rollback_own(Extree *t)
+{
+    bool lost = t->changes_lost;
+    int ret = extree_rollback(t);
+
+    t->changes_lost = lost;
+    return ret;
+}
+
+/*
  * After a commit: give the host file back what the commit freed.  Discard
  * the ranges that became free (old node locations included), and cut the
  * file at host_end when commit lowered it.  Nothing can allocate this space
@@ -798,7 +815,14 @@ uint64_t extree_grow_bound_nodes(Extree *t, uint64_t contig)
     if (!extree_alloc_fits(t, need) && t->space.alloc_partial) {
         extree_freetree_load_fit(t, need);
     }
-    return extree_alloc_fits(t, need) ? t->host_end : t->host_end + need;
+    /*
+     * One range that holds a reserve is not enough while the free space
+     * is short of the nodes an update and its commit may take, its
+     * bitmap chunks included: a device's end must be found before the
+     * update (whose guard then counts them), not by the commit
+     */
+    return t->host_end + MAX(extree_alloc_fits(t, need) ? 0 : need,
+                             extree_alloc_nodes_short(t, contig));
 }
 
 uint64_t extree_free_bytes(const Extree *t)

@@ -594,19 +594,23 @@ void extree_set_host_limit(Extree *t, uint64_t limit);
 
 /*
  * How far host_end can move at most when @bytes of data are allocated
- * next: the data and a new metadata reserve.  A
- * caller that grows the backend ahead of allocations grows it this far.
+ * next: the data, a new metadata reserve, and the nodes the update and
+ * the commit after it may need beyond the known free space (bitmap chunks
+ * included: every chunk of every enabled bitmap, as a range may mark
+ * them all).  A caller that grows the backend ahead of allocations grows
+ * it this far, and so finds a device's end before the update.
  */
 uint64_t extree_grow_bound(const Extree *t, uint64_t bytes);
 /*
  * The same when only nodes and @contig bytes in one run (a snapshot table)
  * are allocated next, and the commit after them: host_end itself while the
- * known free space holds the run and room for the nodes (headroom, and
- * more per range the transaction logged), or one free range holds the run
- * and a reserve, so that an update that allocates no data does not make
- * the backend grow (and shrink again at close).  After an open that read
- * the free-space tree in part, it reads the leaves that may hold such a
- * range when the known free space is short.
+ * known free space holds the run and room for the nodes (headroom, more
+ * per range the transaction logged, the bitmap chunks an update may
+ * change), so that an update that allocates no data does not make the
+ * backend grow (and shrink again at close); else past host_end by what is
+ * short, or by a reserve if no free range holds the run and one.  After
+ * an open that read the free-space tree in part, it reads the leaves that
+ * may hold such a range when the known free space is short.
  */
 uint64_t extree_grow_bound_nodes(Extree *t, uint64_t contig);
 int extree_set_zero(Extree *t, uint64_t guest, uint64_t bytes);

@@ -375,6 +375,42 @@ static void test_remove(void)
     extree_mem_backend_free(be);
 }
 
+/*
+ * A bitmap enabled in the committed state and removed in the running
+ * transaction: a crash before the commit returns to a state where it
+ * records changes, so a write in place over its clear committed bits is
+ * refused until the commit (the power-cut replay's seed 7 missed granule
+ * 119 of the removed b3 so); one removed while disabled, or added and
+ * removed again before a commit, constrains nothing
+ */
+static void test_remove_in_place(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+
+    ct_write(t, 0, 4 * G64K);
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    g_assert_cmpint(extree_bitmap_add(t, "off", G64K, false), ==, 0);
+    ct_write(t, 0, BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_true(extree_bitmaps_in_place(t, 0, BS));
+    g_assert_false(extree_bitmaps_in_place(t, G64K, BS));
+    g_assert_cmpint(extree_bitmap_remove(t, "off"), ==, 0);
+    g_assert_cmpint(extree_bitmap_remove(t, "b0"), ==, 0);
+    g_assert_true(extree_bitmaps_in_place(t, 0, BS));
+    g_assert_false(extree_bitmaps_in_place(t, G64K, BS));
+    /* another of its name is a new bitmap, the old one still counts */
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, false), ==, 0);
+    g_assert_false(extree_bitmaps_in_place(t, G64K, BS));
+    g_assert_cmpint(extree_bitmap_remove(t, "b0"), ==, 0);
+    g_assert_false(extree_bitmaps_in_place(t, G64K, BS));
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_true(extree_bitmaps_in_place(t, G64K, BS));
+    ct_check_clean(t, NULL);
+    extree_close(t);
+    extree_mem_backend_free(be);
+}
+
 /* Bad arguments are refused and change nothing */
 static void test_bad_args(void)
 {
@@ -1224,6 +1260,7 @@ int main(int argc, char **argv)
     g_test_add_func("/bitmap/sync", test_sync);
     g_test_add_func("/bitmap/resize", test_resize);
     g_test_add_func("/bitmap/remove", test_remove);
+    g_test_add_func("/bitmap/remove-in-place", test_remove_in_place);
     g_test_add_func("/bitmap/bad-args", test_bad_args);
     g_test_add_func("/bitmap/revert-marks", test_revert_marks);
     g_test_add_func("/bitmap/damage", test_damage);
