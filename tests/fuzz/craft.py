@@ -24,6 +24,17 @@
 #   chunk-on-data the first bitmap's first chunk pointed at the live tree's
 #                 first DATA block, chunk checksums, count and directory
 #                 checksum made to match
+#
+# Recipes (issue 47, the mark log; SEED: seeds/mark-log-512.img, whose chain
+# holds three records)
+#   log-lie       record 1's range moved past the virtual size, checksum
+#                 made right (a record that lies: damage, open refuses)
+#   log-tear      a byte of record 1 flipped (a torn record: the chain ends
+#                 before it, record 0 alone is replayed)
+#   log-swap      records 0 and 1 swapped (each in the other's slot: the
+#                 chain is empty)
+#   log-stale     record 0's generation one lower (a stale record: nothing
+#                 replayed)
 #   reseed        SEED is an input: write it with another OPS_SEED (which
 #                 drives the target's choices: the snapshot reverted to,
 #                 the writes)
@@ -234,6 +245,28 @@ def main():
         b = bytearray(im.img[d:d + dlen])
         b[4:8] = b'\0\0\0\0'
         im.put(d + 4, crc32c(b), 4)
+    elif recipe in ('log-lie', 'log-tear', 'log-swap', 'log-stale'):
+        sb = im.slot * SB
+        log = ld(im.img, sb + 256)
+        rec = [log + i * 4096 for i in range(3)]
+
+        def fix_rec(r):
+            b = bytearray(im.img[r:r + 4096])
+            b[24:28] = b'\0\0\0\0'
+            im.put(r + 24, crc32c(b), 4)
+        if recipe == 'log-lie':
+            im.put(rec[1] + 32, im.vsize)
+            fix_rec(rec[1])
+        elif recipe == 'log-tear':
+            im.put(rec[1] + 40, im.img[rec[1] + 40] ^ 1, 1)
+        elif recipe == 'log-swap':
+            a, b = bytes(im.img[rec[0]:rec[0] + 4096]), \
+                bytes(im.img[rec[1]:rec[1] + 4096])
+            im.edit(rec[0], b)
+            im.edit(rec[1], a)
+        else:
+            im.put(rec[0] + 8, ld(im.img, rec[0] + 8) - 1)
+            fix_rec(rec[0])
     else:
         sys.exit('unknown recipe ' + recipe)
     im.write(out, ops_seed)

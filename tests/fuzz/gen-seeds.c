@@ -222,8 +222,52 @@ static void print_trees(const uint8_t *buf, size_t len)
 }
 
 /* Commit, close, check the image is clean and write it to DIR/NAME */
-static void gen_finish(Gen *g, const char *dir, const char *name,
-                       unsigned want_depth)
+/*
+ * After the last commit: the DATA blocks @blk[0..n) written in place as the
+ * driver writes over granules the committed bitmaps lack, each through a
+ * record of the mark log (appended, written, flushed, durable), so that an
+ * open of the image replays the chain
+ */
+static void gen_log_writes(Gen *g, const uint64_t *blk, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        ExtreeMarkRange r = { blk[i] * g->bs, g->bs };
+        ExtreeRun run;
+        ExtreeCursor cur;
+        uint8_t *rec, *buf;
+        uint64_t off;
+        bool in_place;
+
+        extree_cursor_init(&cur, g->t);
+        must(extree_cursor_query(&cur, r.start, r.len, EXTREE_COALESCE_HOST,
+                                 &run), "query");
+        extree_cursor_release(&cur);
+        must(extree_in_place(g->t, &run, r.start, r.len, &in_place),
+             "in_place");
+        if (in_place || !extree_mark_log_wanted(g->t, &run, r.start,
+                                                r.len)) {
+            fprintf(stderr, "gen-seeds: block %" PRIu64 " needs no record\n",
+                    blk[i]);
+            exit(1);
+        }
+        must(extree_mark_log_append(g->t, &r, 1, &rec, &off), "append");
+        must(g->be->ops->pwrite(g->be->opaque, off, rec,
+                                EXTREE_MARK_LOG_RECORD), "pwrite");
+        must(g->be->ops->flush(g->be->opaque), "flush");
+        g_free(rec);
+        extree_mark_log_durable(g->t, &r, 1);
+        buf = g_malloc0(g->bs);
+        ext_st64(buf, gen_rand(g));
+        must(g->be->ops->pwrite(g->be->opaque,
+                                run.host + (r.start - run.guest), buf, g->bs),
+             "pwrite");
+        g_free(buf);
+    }
+}
+
+static void gen_finish_log(Gen *g, const char *dir, const char *name,
+                           unsigned want_depth, const uint64_t *log_blk,
+                           unsigned nlog)
 {
     ExtreeCheckResult res;
     int64_t len;
@@ -242,6 +286,10 @@ static void gen_finish(Gen *g, const char *dir, const char *name,
     }
     printf("%s: depth %u, %" PRIu64 " extents, %" PRIu64 " nodes, ",
            name, extree_depth(g->t), res.extents, res.nodes);
+    gen_log_writes(g, log_blk, nlog);
+    if (nlog) {
+        printf("%u mark log records, ", nlog);
+    }
     extree_close(g->t);
 
     len = g->be->ops->get_length(g->be->opaque);
@@ -258,6 +306,12 @@ static void gen_finish(Gen *g, const char *dir, const char *name,
     g_free(path);
     g_free(buf);
     extree_mem_backend_free(g->be);
+}
+
+static void gen_finish(Gen *g, const char *dir, const char *name,
+                       unsigned want_depth)
+{
+    gen_finish_log(g, dir, name, want_depth, NULL, 0);
 }
 
 /* One leaf: a few DATA, ZERO and overwritten extents over two commits */
@@ -588,33 +642,53 @@ static void seed_compressed(const char *dir)
  * one disabled) with granules set by writes, zeroes and punches committed
  * in several transactions, one chunk of the 512-byte one left all clear
  */
+static void bitmaps_image(Gen *g)
+{
+    g->tagged = true;
+    for (int i = 0; i < 100; i++) {
+        gen_write(g, i * 30, 1 + i % 4);
+    }
+    gen_commit(g);
+    must(extree_bitmap_add(g->t, "b512", 512, true), "bitmap");
+    must(extree_bitmap_add(g->t, "b4k", 4096, true), "bitmap");
+    must(extree_bitmap_add(g->t, "off", 65536, false), "bitmap");
+    gen_commit(g);
+    for (int i = 0; i < 40; i++) {
+        if (i % 3 == 0) {
+            gen_write(g, 2048 + i * 17, 1 + i % 5);
+        } else if (i % 3 == 1) {
+            gen_zero(g, i * 31, 2);
+        } else {
+            gen_punch(g, i * 29, 1);
+        }
+        if (i % 10 == 9) {
+            gen_commit(g);
+        }
+    }
+}
+
 static void seed_bitmaps(const char *dir)
 {
     Gen g;
 
     gen_start(&g, 2 << 20, 512, 4096, NULL, 13);
-    g.tagged = true;
-    for (int i = 0; i < 100; i++) {
-        gen_write(&g, i * 30, 1 + i % 4);
-    }
-    gen_commit(&g);
-    must(extree_bitmap_add(g.t, "b512", 512, true), "bitmap");
-    must(extree_bitmap_add(g.t, "b4k", 4096, true), "bitmap");
-    must(extree_bitmap_add(g.t, "off", 65536, false), "bitmap");
-    gen_commit(&g);
-    for (int i = 0; i < 40; i++) {
-        if (i % 3 == 0) {
-            gen_write(&g, 2048 + i * 17, 1 + i % 5);
-        } else if (i % 3 == 1) {
-            gen_zero(&g, i * 31, 2);
-        } else {
-            gen_punch(&g, i * 29, 1);
-        }
-        if (i % 10 == 9) {
-            gen_commit(&g);
-        }
-    }
+    bitmaps_image(&g);
     gen_finish(&g, dir, "bitmaps-512.img", 1);
+}
+
+/*
+ * Mark log bit: the bitmaps image with a live chain of three records (the
+ * writes in place after its last commit, over granules its bitmaps lack):
+ * every open replays them
+ */
+static void seed_mark_log(const char *dir)
+{
+    static const uint64_t blk[] = { 60, 1500, 2370 };
+    Gen g;
+
+    gen_start(&g, 2 << 20, 512, 4096, NULL, 13);
+    bitmaps_image(&g);
+    gen_finish_log(&g, dir, "mark-log-512.img", 1, blk, G_N_ELEMENTS(blk));
 }
 
 int main(int argc, char **argv)
@@ -633,6 +707,7 @@ int main(int argc, char **argv)
     seed_snap_levels(argv[1]);
     seed_snap_refs(argv[1]);
     seed_bitmaps(argv[1]);
+    seed_mark_log(argv[1]);
     seed_crypt(argv[1]);
     seed_compressed(argv[1]);
     return 0;
