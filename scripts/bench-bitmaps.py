@@ -258,11 +258,17 @@ def qemu_io_script(b, fmt, img, script):
     return wall
 
 
-def bitmap_cmd(b, fmt, img, op, name, gran=None):
-    argv = [b["qemu-img"], "bitmap", "-f", FORMATS[fmt][0], op]
+def bitmap_cmd(b, fmt, img, op, name, gran=None, opts=""):
+    """qemu-img bitmap; @opts: driver options (extree's mark-log=off)"""
+    if opts:
+        argv = [b["qemu-img"], "bitmap", "--image-opts", op]
+        target = f"driver={FORMATS[fmt][0]},{opts},file.filename={img}"
+    else:
+        argv = [b["qemu-img"], "bitmap", "-f", FORMATS[fmt][0], op]
+        target = img
     if gran:
         argv += ["-g", str(gran)]
-    run(argv + [img, name])
+    run(argv + [target, name])
 
 
 def check_image(b, fmt, img):
@@ -486,16 +492,17 @@ def map_once(b, a, fmt, img, expect, more=4):
     return c1 - c0, total, wall, (c2 - c1) / more
 
 
-def fio_once(b, a, fmt, img, job, seed):
+def fio_once(b, a, fmt, img, job, seed, opts=""):
     """One qemu-storage-daemon exporting @img and one fio run: (IOPS,
-    writes, server CPU s, flushes)"""
+    writes, server CPU s, flushes); @opts: driver options"""
     sock = os.path.join(a.dir, "qsd.sock")
     rm_f(sock)
     p = subprocess.Popen(
         [b["qsd"], "--blockdev",
          f"driver=file,node-name=file,filename={img},cache.direct=on,"
          "aio=native",
-         "--blockdev", f"driver={FORMATS[fmt][0]},node-name=fmt,file=file",
+         "--blockdev", f"driver={FORMATS[fmt][0]},node-name=fmt,file=file"
+         + (f",{opts}" if opts else ""),
          "--nbd-server", f"addr.type=unix,addr.path={sock}",
          "--export", "type=nbd,id=exp,node-name=fmt,name=fmt,writable=on"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -643,19 +650,27 @@ def measure_write(b, a, fmt, n, lay, res):
     qemu_io_script(b, fmt, n, f"write -q -P 51 0 {a.dense_mib * MiB}\n")
     os.sync()
     seeds = iter(range(1000, 2000))
+    # extree also without its mark log (mark-log=off: the writes a record
+    # would let go in place move to new space, as before the log)
+    variants = ["bitmap", "none"] + (["nolog"] if fmt == "extree" else [])
+    opts = {"nolog": "mark-log=off"}
     for jname, job in jobs.items():
-        r = {"bitmap": [], "none": []}
+        r = {v: [] for v in variants}
         for rep in range(a.runs):
-            # the same offsets with and without, other ones every round
+            # the same offsets in each variant, other ones every round;
+            # the variants' order turned every round
             seed = next(seeds)
-            order = ["bitmap", "none"] if rep % 2 == 0 else ["none", "bitmap"]
-            for v in order:
-                if v == "bitmap":
-                    bitmap_cmd(b, fmt, n, "--add", "c", gran)
-                r[v].append(fio_once(b, a, fmt, n, job, seed))
-                if v == "bitmap":
-                    bitmap_cmd(b, fmt, n, "--remove", "c")
-        for v in ("bitmap", "none"):
+            k = rep % len(variants)
+            for v in variants[k:] + variants[:k]:
+                if v != "none":
+                    bitmap_cmd(b, fmt, n, "--add", "c", gran,
+                               opts.get(v, ""))
+                r[v].append(fio_once(b, a, fmt, n, job, seed,
+                                     opts.get(v, "")))
+                if v != "none":
+                    bitmap_cmd(b, fmt, n, "--remove", "c", None,
+                               opts.get(v, ""))
+        for v in variants:
             note = f"{r[v][0][1]} writes a run"
             if jname == "flush":
                 note += (f", about {statistics.median(x[3] for x in r[v]):.0f}"
@@ -667,6 +682,12 @@ def measure_write(b, a, fmt, n, lay, res):
                 ratios([x[0] for x in r["bitmap"]],
                        [x[0] for x in r["none"]]),
                 note="IOPS with one enabled bitmap / none, round by round")
+        if "nolog" in r:
+            res.add(f"write-{jname}", fmt, "log-ratio", "x",
+                    ratios([x[0] for x in r["bitmap"]],
+                           [x[0] for x in r["nolog"]]),
+                    note="IOPS with the mark log / without, one enabled "
+                         "bitmap, round by round")
     log(f"  {fmt}: check after the writes: {check_image(b, fmt, n)}")
 
 
