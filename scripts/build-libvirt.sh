@@ -13,8 +13,8 @@
 #   EXTREE_JOBS=N      parallel build jobs (default: nproc)
 #
 # The installed copy is keyed by the hash of the series, the patches and
-# this script's meson options: $EXTREE_CACHE/libvirt/11.3.0-KEY (its
-# prefix; libvirt compiles its paths in).  A clean clone on the same
+# this script's meson options: $EXTREE_CACHE/libvirt/KEY (its prefix;
+# libvirt compiles its paths in).  A clean clone on the same
 # machine finds it there and builds nothing.  Otherwise the source is
 # unpacked into build/src/libvirt-11.3.0 and built in build/libvirt
 # (incrementally, with ccache).
@@ -100,8 +100,15 @@ meson_opts=(
 mapfile -t patches < <(grep -v -E '^\s*(#|$)' "$series")
 key=$( { echo "libvirt $upstream, state directories under the prefix"; printf '%s\n' "${meson_opts[@]}"; cat "$series";
          for p in "${patches[@]}"; do cat "$top/patches/libvirt/$p"; done; } |
-       sha256sum | cut -c1-16)
-inst=$cache/libvirt/$upstream-$key
+       sha256sum | cut -c1-12)
+# short: QEMU's monitor socket goes under the prefix
+inst=$cache/libvirt/$key
+# QEMU's monitor socket goes under the prefix; a UNIX socket path has at
+# most 107 bytes
+sock_tail=/var/lib/libvirt/qemu/domain-99-probe/monitor.sock
+if [ $(( ${#inst} + ${#sock_tail} )) -gt 107 ]; then
+    say "warning: $inst is too long for QEMU monitor sockets under it: set EXTREE_CACHE to a shorter directory" >&2
+fi
 
 link_inst() {
     # a link this script made, or nothing (not a directory: ln would
