@@ -113,6 +113,7 @@ fi
 link_inst() {
     # a link this script made, or nothing (not a directory: ln would
     # put the link inside it)
+    mkdir -p "$top/build"
     [ -L "$top/build/libvirt-inst" ] || rm -rf "$top/build/libvirt-inst"
     ln -sfn "$inst" "$top/build/libvirt-inst"
     echo "libvirt $upstream ($(cat "$inst/.extree-debver")), patches/libvirt key $key, installed in $inst" \
