@@ -42,6 +42,7 @@ upstream=11.3.0
 src=$top/build/src/libvirt-$upstream
 blddir=$top/build/libvirt
 series=$top/patches/libvirt/series
+mkdir -p "$top/build"
 
 # --- 0. Build dependencies -----------------------------------------------------
 # The subset of libvirt's Build-Depends (apt-cache showsrc libvirt) that this
@@ -113,7 +114,6 @@ fi
 link_inst() {
     # a link this script made, or nothing (not a directory: ln would
     # put the link inside it)
-    mkdir -p "$top/build"
     [ -L "$top/build/libvirt-inst" ] || rm -rf "$top/build/libvirt-inst"
     ln -sfn "$inst" "$top/build/libvirt-inst"
     echo "libvirt $upstream ($(cat "$inst/.extree-debver")), patches/libvirt key $key, installed in $inst" \
