@@ -4,8 +4,10 @@
 # libvirtd, virsh, the secrets driver and the dir/fs storage backends.
 #
 #   scripts/build-libvirt.sh           build (or reuse) and install
-#   scripts/build-libvirt.sh --check   also run libvirt's unit tests that
-#                                      cover what the patches touch
+#   scripts/build-libvirt.sh --check   run libvirt's unit tests that cover
+#                                      what the patches touch even when the
+#                                      installed copy is reused (they run
+#                                      anyway before a new copy is installed)
 #
 # Environment:
 #   EXTREE_CACHE=DIR   downloaded source packages and the installed copies
@@ -230,8 +232,8 @@ if ! ninja -C "$blddir" -j "$jobs" > "$top/build/libvirt-build.log" 2>&1; then
     die "libvirt build failed (log: build/libvirt-build.log)"
 fi
 
-# --- 4. Unit tests (--check) ---------------------------------------------------------
-if [ $check = 1 ]; then
+# --- 4. Unit tests: before a new copy is installed, and with --check --------------------
+if [ $check = 1 ] || [ ! -f "$inst/.extree-complete" ]; then
     say "unit tests"
     # Not qemuxmlconftest: its firmware cases expect the firmware
     # descriptors under /usr/share/qemu, which it mocks only for a /usr
