@@ -53,7 +53,7 @@ mkdir -p "$top/build"
 deps=(libxml2-dev libxml2-utils xsltproc libgnutls28-dev libtirpc-dev libjson-c-dev
       libreadline-dev libcap-ng-dev libnl-3-dev libnl-route-3-dev libglib2.0-dev
       libattr1-dev perl python3 pkg-config ninja-build meson ccache dpkg-dev
-      util-linux)
+      util-linux git patch xz-utils)
 missing=()
 for p in "${deps[@]}"; do
     dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
