@@ -163,14 +163,22 @@ xt_mark_log(BDRVExtreeState *s, uint64_t start, uint64_t len)
         mine = s->mark_batch++;
         ret = extree_mark_log_append(s->t, r, n, &rec, &off);
         if (ret == 0) {
+            /*
+             * Durable before the writes it lets go in place are issued:
+             * a FUA write, which file-posix makes one write with
+             * RWF_DSYNC (aio=native, io_uring) instead of a write and a
+             * flush of everything; aligned, so that O_DIRECT takes it
+             */
+            void *buf = qemu_blockalign(s->bs->file->bs,
+                                        EXTREE_MARK_LOG_RECORD);
+
+            memcpy(buf, rec, EXTREE_MARK_LOG_RECORD);
+            g_free(rec);
             qemu_co_mutex_unlock(&s->lock);
             ret = bdrv_co_pwrite(s->bs->file, off, EXTREE_MARK_LOG_RECORD,
-                                 rec, 0);
-            if (ret == 0) {
-                ret = bdrv_co_flush(s->bs->file->bs);
-            }
+                                 buf, BDRV_REQ_FUA);
             xt_lock(s);
-            g_free(rec);
+            qemu_vfree(buf);
             if (ret == 0) {
                 extree_mark_log_durable(s->t, r, n);
             }
