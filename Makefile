@@ -10,7 +10,7 @@
 
 CORE := build/core
 
-.PHONY: all demo check setup core qemu bench clean
+.PHONY: all demo check setup core qemu bench clean libvirt
 
 all: demo
 
@@ -34,6 +34,10 @@ check: qemu
 
 bench: qemu
 	scripts/bench.sh $(BENCH_ARGS)
+
+# libvirt 11.3 with patches/libvirt (docs/libvirt.rst); make check builds it
+libvirt: setup
+	scripts/build-libvirt.sh
 
 clean:
 	rm -rf build/core build/qemu build/iotests
