@@ -466,14 +466,33 @@ void extree_bitmaps_logged_add(Extree *t, uint64_t guest, uint64_t bytes)
     extree_rs_union(&t->bm.logged, guest, bytes);
 }
 
-/* Do durable records of the mark log cover [@guest, @end)? */
+uint64_t extree_bitmaps_min_granule(Extree *t)
+{
+    uint32_t bits = 63;
+
+    for (guint i = 0; t->bm.list && i < t->bm.list->len; i++) {
+        ExtreeBitmap *bm = g_ptr_array_index(t->bm.list, i);
+
+        bits = MIN(bits, bm->gran_bits);
+    }
+    return bits == 63 ? t->block_size : (uint64_t)1 << bits;
+}
+
+/*
+ * Do durable records of the mark log cover the granules of [@guest,
+ * @end)?  Records name whole granules of the finest bitmap, so a later
+ * write into a granule a record marked is covered without one of its own.
+ */
 static bool logged_covers(Extree *t, uint64_t guest, uint64_t end)
 {
+    uint64_t g = extree_bitmaps_min_granule(t);
     ExtreeRange *r;
 
     if (!t->bm.logged.count || guest >= end) {
         return false;
     }
+    guest = guest / g * g;
+    end = MIN(EXTREE_ROUND_UP(end, g), t->virtual_size);
     r = extree_rs_floor(&t->bm.logged, guest);
     return r && r->start + r->len >= end;
 }

@@ -1252,6 +1252,8 @@ void extree_bitmaps_commit_done(Extree *t);
 void extree_bitmaps_mark_logged(Extree *t, uint64_t guest, uint64_t bytes);
 /* Records of the log: [@guest, + @bytes) is marked durably */
 void extree_bitmaps_logged_add(Extree *t, uint64_t guest, uint64_t bytes);
+/* The granularity of the finest bitmap (block_size without one) */
+uint64_t extree_bitmaps_min_granule(Extree *t);
 
 /* extree-marklog.c */
 /* Default size of a new mark log: 512 records */

@@ -143,6 +143,7 @@ bool extree_mark_log_room(const Extree *t)
 int extree_mark_log_append(Extree *t, const ExtreeMarkRange *r, unsigned n,
                            uint8_t **record, uint64_t *offset)
 {
+    uint64_t gran = extree_bitmaps_min_granule(t);
     uint8_t *rec, *p;
     uint64_t space = 0;
     uint32_t count = 0;
@@ -172,15 +173,17 @@ int extree_mark_log_append(Extree *t, const ExtreeMarkRange *r, unsigned n,
     rec = g_malloc0(EXTREE_MARK_LOG_RECORD);
     p = rec + sizeof(ExtreeDiskMarkLogHeader);
     for (unsigned i = 0; i < n; i++) {
-        uint64_t end = MIN(r[i].start + r[i].len, t->virtual_size);
+        uint64_t start = r[i].start / gran * gran;
+        uint64_t end = MIN(EXTREE_ROUND_UP(r[i].start + r[i].len, gran),
+                           t->virtual_size);
 
-        if (r[i].start >= end) {
+        if (start >= end) {
             continue;
         }
         /* set now: a commit before the write returns stores them too */
-        extree_bitmaps_mark_logged(t, r[i].start, end - r[i].start);
-        ext_st64(p, r[i].start);
-        ext_st64(p + 8, end - r[i].start);
+        extree_bitmaps_mark_logged(t, start, end - start);
+        ext_st64(p, start);
+        ext_st64(p + 8, end - start);
         p += sizeof(ExtreeDiskMarkLogRange);
         count++;
     }
@@ -203,11 +206,15 @@ int extree_mark_log_append(Extree *t, const ExtreeMarkRange *r, unsigned n,
 
 void extree_mark_log_durable(Extree *t, const ExtreeMarkRange *r, unsigned n)
 {
-    for (unsigned i = 0; i < n; i++) {
-        uint64_t end = MIN(r[i].start + r[i].len, t->virtual_size);
+    uint64_t gran = extree_bitmaps_min_granule(t);
 
-        if (r[i].start < end) {
-            extree_bitmaps_logged_add(t, r[i].start, end - r[i].start);
+    for (unsigned i = 0; i < n; i++) {
+        uint64_t start = r[i].start / gran * gran;
+        uint64_t end = MIN(EXTREE_ROUND_UP(r[i].start + r[i].len, gran),
+                           t->virtual_size);
+
+        if (start < end) {
+            extree_bitmaps_logged_add(t, start, end - start);
         }
     }
 }
