@@ -6,11 +6,13 @@
  * SPDX-License-Identifier: GPL-2.0-or-later
  */
 
+#include <errno.h>
 #include <inttypes.h>
 #include <string.h>
 
 #include <glib.h>
 
+#include "block/extree-format.h"
 #include "model.h"
 
 void model_init(Model *m, uint64_t virtual_size, uint32_t block_size)
@@ -240,4 +242,36 @@ char *model_compare_walk(const Model *m, Extree *t, int coalesce,
         *nruns = runs;
     }
     return diff;
+}
+
+int model_mark_log_write(Extree *t, ExtreeBackend *be, const ExtreeRun *run,
+                         uint64_t guest, uint64_t bytes)
+{
+    ExtreeMarkRange r = { guest, bytes };
+    uint8_t *rec;
+    uint64_t off;
+    bool in_place = false;
+    int ret;
+
+    if (!extree_mark_log_wanted(t, run, guest, bytes)) {
+        return -ENOSPC;
+    }
+    ret = extree_mark_log_append(t, &r, 1, &rec, &off);
+    if (ret < 0) {
+        return ret;
+    }
+    ret = be->ops->pwrite(be->opaque, off, rec, EXTREE_MARK_LOG_RECORD);
+    g_free(rec);
+    if (ret == 0) {
+        ret = be->ops->flush(be->opaque);
+    }
+    if (ret < 0) {
+        return ret;
+    }
+    extree_mark_log_durable(t, &r, 1);
+    ret = extree_in_place(t, run, guest, bytes, &in_place);
+    if (ret < 0) {
+        return ret;
+    }
+    return in_place ? 0 : -EPROTO;
 }

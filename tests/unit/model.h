@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "extree.h"
+#include "extree-backend.h"
 
 typedef struct ModelBlock {
     uint64_t host;              /* DATA: host offset of this block */
@@ -71,6 +72,27 @@ char *model_compare_walk(const Model *m, Extree *t, int coalesce,
 /* Compare the runs covering [guest, guest + bytes) with @c */
 char *model_compare_range(const Model *m, ExtreeCursor *c, uint64_t guest,
                           uint64_t bytes, int coalesce);
+
+/*
+ * What block @i reads as, for the bitmap checks: 0 for zeroes, else its
+ * data's tag (the test gives each write its own)
+ */
+static inline uint32_t model_content(const Model *m, uint64_t i)
+{
+    return m->b[i].type == EXTREE_RUN_DATA ? m->b[i].tag : 0;
+}
+
+/*
+ * The QEMU driver's way to write guest [guest, + bytes) of @run (DATA)
+ * in place where extree_in_place() refused it only because the committed
+ * bitmaps lack its granules (spec: Mark log): a record from
+ * extree_mark_log_append(), written where it says through @be, a flush,
+ * extree_mark_log_durable(); extree_in_place() must allow the range then.
+ * 0: the caller writes the data in place; -ENOSPC: no log wanted or no
+ * room (the write goes to new space); -EPROTO: still not in place.
+ */
+int model_mark_log_write(Extree *t, ExtreeBackend *be, const ExtreeRun *run,
+                         uint64_t guest, uint64_t bytes);
 
 /* Small deterministic PRNG (splitmix64) */
 static inline uint64_t model_rand(uint64_t *state)

@@ -454,19 +454,13 @@ static void wl_partial(Workload *w)
 
 /* ---- persistent dirty bitmaps ---- */
 
-/* What block @i reads as: 0 for zeroes, else its data's tag */
-static uint32_t content_of(const Model *m, uint64_t i)
-{
-    return m->b[i].type == EXTREE_RUN_DATA ? m->b[i].tag : 0;
-}
-
 static void bm_set_base(Workload *w, BmRec *b)
 {
     if (!b->base) {
         b->base = g_new(uint32_t, VSIZE / BS);
     }
     for (uint64_t i = 0; i < VSIZE / BS; i++) {
-        b->base[i] = content_of(&w->model, i);
+        b->base[i] = model_content(&w->model, i);
     }
 }
 
@@ -570,7 +564,7 @@ static void wl_write_bm(Workload *w, uint64_t blk, uint64_t n)
                                 GSIZE_TO_POINTER(
                                     extree_mem_backend_log_length(w->be)));
             w->inflight = b;
-            w->inflight_prev = content_of(&w->model, b);
+            w->inflight_prev = model_content(&w->model, b);
             model_set(&w->model, b, 1, EXTREE_RUN_DATA, host, tag);
             w->n_in_place++;
         } else {
@@ -785,7 +779,7 @@ static char *check_bitmaps(Workload *w, ExtreeBackend *img, Extree *t,
         for (uint64_t blk = 0; blk < s->m.nblocks; blk++) {
             const ModelBlock *mb = &s->m.b[blk];
             uint64_t g = blk / per;
-            uint32_t now = content_of(&s->m, blk);
+            uint32_t now = model_content(&s->m, blk);
             bool unknown = false;
 
             if (mb->type == EXTREE_RUN_DATA && mb->tag &&

@@ -12,6 +12,18 @@
  * allocate no data (punches, zeroes, commits, reopens): they must leave it
  * in part, and the checker (which reads the rest) must then find nothing.
  *
+ * Persistent bitmaps (issue 49, point 3): guest writes go in place as the
+ * QEMU driver decides it (marked before the data goes out; through a mark
+ * log record where the committed bitmaps lack the range; else to new
+ * space), among bitmap adds, clears (a sync of all-clear bits, the last
+ * write in place possibly still in flight), merges (a sync with keep),
+ * removes, and shrinking the disk and growing it back.  After every
+ * reopen, with or without a commit before it, the bitmaps committed load,
+ * and in each every granule whose content, as the committed state reads
+ * (writes in place after it included), differs from its content at the
+ * add or last clear is set, and no granule is set that no operation
+ * touched since (or since the commit before, whose marks a sync adds).
+ *
  * The seed is fixed and printed; EXTREE_TEST_SEED=<n> replays a run (or
  * EXTREE_TEST_SEED=random picks one, test-seed.h), EXTREE_MODEL_SCALE=<f>
  * multiplies the number of operations.
@@ -46,9 +58,36 @@ typedef struct Variant {
     unsigned commit_one_in;     /* explicit commit probability 1/n */
     unsigned reopen_one_in;
     unsigned walk_every;
+    unsigned bitmap_one_in;     /* bitmap operation probability 1/n */
 } Variant;
 
 #define TRACE_LEN 32
+
+/*
+ * A persistent bitmap as the model expects it, pending or as committed:
+ * every granule whose content differs from @base must be set, and none
+ * may be set whose blocks no operation touched after @since (issue 49,
+ * point 3)
+ */
+#define NBM 4
+
+typedef struct BmRec {
+    bool present;
+    uint64_t gran;              /* bytes */
+    /*
+     * Each block's content (model_content()) when the bitmap was added or
+     * last cleared; a g_rc_box shared by the pending and committed record
+     */
+    uint32_t *base;
+    /*
+     * Run.stamp of the last commit before the add or clear: a sync adds
+     * the marks of the running transaction, so its earlier changes may be
+     * set too (after a merge: the older of the two)
+     */
+    uint64_t since;
+} BmRec;
+
+static const char *const bm_name[NBM] = { "m0", "m1", "m2", "m3" };
 
 /* Host blocks: in use by the current mapping / by the committed one */
 #define HOST_CUR        1
@@ -79,6 +118,22 @@ typedef struct Run {
      */
     uint64_t partial_left;
 
+    /* Persistent bitmaps */
+    uint32_t tag;               /* of the last write: each has its own */
+    uint8_t *buf;               /* data of writes in place */
+    BmRec bm[NBM];              /* pending */
+    BmRec cbm[NBM];             /* as the last commit stored them */
+    uint64_t *touched;          /* per guest block: stamp of its last op */
+    uint64_t stamp;             /* operations that touched blocks */
+    uint64_t commit_stamp;      /* stamp at the last commit */
+    /*
+     * The last write in place since the last commit, whose request may not
+     * have returned when QEMU clears its bitmap (it marks its copy when the
+     * request returns): its block and content before it; -1: none
+     */
+    int64_t inflight;
+    uint32_t inflight_prev;
+
     uint64_t opno;
     char trace[TRACE_LEN][112];
 
@@ -91,6 +146,9 @@ typedef struct Run {
         uint64_t host_end;      /* after the last commit */
         uint64_t max_extents;
         unsigned max_depth;
+        uint64_t in_place, logged, moved, checkpoints;
+        uint64_t bm_adds, bm_clears, bm_merges, bm_removes, resizes;
+        uint64_t bm_checks, granules, granules_set, replayed;
     } n;
 } Run;
 
@@ -211,12 +269,14 @@ static void check_alloc(Run *r, uint64_t bytes, uint64_t host, uint64_t got)
 static void model_apply(Run *r, uint64_t blk, uint64_t n, ExtreeRunType type,
                         uint64_t host)
 {
+    uint32_t tag = type == EXTREE_RUN_DATA ? ++r->tag : 0;
+
     for (uint64_t i = blk; i < blk + n; i++) {
         if (r->model.b[i].type == EXTREE_RUN_DATA) {
             host_use(r, r->model.b[i].host, false);
         }
     }
-    model_set(&r->model, blk, n, type, host, 0);
+    model_set(&r->model, blk, n, type, host, tag);
     if (type == EXTREE_RUN_DATA) {
         for (uint64_t i = 0; i < n; i++) {
             host_use(r, host + i * r->bs, true);
@@ -342,6 +402,140 @@ static void check_tree(Run *r)
     r->n.checks++;
 }
 
+/* ---- persistent bitmaps ---- */
+
+/* An operation went over blocks [blk, blk + n): call after it */
+static void touch(Run *r, uint64_t blk, uint64_t n)
+{
+    r->stamp++;
+    for (uint64_t i = blk; i < blk + n; i++) {
+        r->touched[i] = r->stamp;
+    }
+}
+
+static void bm_rec_set(BmRec *dst, const BmRec *src)
+{
+    if (dst->base) {
+        g_rc_box_release(dst->base);
+    }
+    *dst = *src;
+    if (dst->base) {
+        g_rc_box_acquire(dst->base);
+    }
+}
+
+static void bm_rec_drop(BmRec *b)
+{
+    if (b->base) {
+        g_rc_box_release(b->base);
+    }
+    memset(b, 0, sizeof(*b));
+}
+
+/* Bitmap @i was added or cleared now: the content it is relative to */
+static void bm_rebase(Run *r, int i)
+{
+    BmRec *b = &r->bm[i];
+
+    if (b->base) {
+        g_rc_box_release(b->base);
+    }
+    b->base = g_rc_box_alloc(r->model.nblocks * sizeof(uint32_t));
+    for (uint64_t blk = 0; blk < r->model.nblocks; blk++) {
+        b->base[blk] = model_content(&r->model, blk);
+    }
+    b->since = r->commit_stamp;
+}
+
+/* A commit stored the pending bitmaps */
+static void bm_commit(Run *r)
+{
+    for (int i = 0; i < NBM; i++) {
+        bm_rec_set(&r->cbm[i], &r->bm[i]);
+    }
+    r->commit_stamp = r->stamp;
+    r->inflight = -1;
+}
+
+/*
+ * After an open: the committed bitmaps load, and in each, every granule
+ * whose content (as the committed state reads, writes in place after it
+ * included) differs from its content at the add or last clear is set,
+ * and every set granule has a block that an operation touched since then
+ */
+static void check_bitmaps(Run *r)
+{
+    const Model *m = &r->committed;
+    unsigned present = 0;
+    ExtreeMarkLogInfo li;
+
+    extree_mark_log_info(r->t, &li);
+    r->n.replayed += li.replayed;
+
+    for (int i = 0; i < NBM; i++) {
+        const BmRec *b = &r->cbm[i];
+        int k = extree_bitmap_find(r->t, bm_name[i]);
+        ExtreeBitmapInfo info;
+        uint64_t per, len;
+        uint8_t *bits;
+
+        if (!b->present) {
+            if (k >= 0) {
+                fail(r, "bitmap %s loads, not committed", bm_name[i]);
+            }
+            continue;
+        }
+        present++;
+        if (k < 0) {
+            fail(r, "bitmap %s missing", bm_name[i]);
+        }
+        check_ret(r, extree_bitmap_info(r->t, k, &info), "bitmap_info");
+        if (!info.enabled || info.granularity != b->gran) {
+            fail(r, "bitmap %s: enabled %d granularity %" PRIu64
+                 ", expected 1 %" PRIu64, bm_name[i], info.enabled,
+                 info.granularity, b->gran);
+        }
+        len = extree_bitmap_bytes(r->t, k);
+        bits = g_malloc(len);
+        extree_bitmap_read(r->t, k, bits);
+        per = b->gran / r->bs;
+        for (uint64_t g = 0; g * per < m->nblocks; g++) {
+            uint64_t end = MIN((g + 1) * per, m->nblocks);
+            uint64_t changed = UINT64_MAX;
+            bool touched = false, set;
+
+            g_assert(g / 8 < len);
+            set = bits[g / 8] & (1 << (g % 8));
+            for (uint64_t blk = g * per; blk < end; blk++) {
+                if (changed == UINT64_MAX &&
+                    model_content(m, blk) != b->base[blk]) {
+                    changed = blk;
+                }
+                touched |= r->touched[blk] > b->since;
+            }
+            if (changed != UINT64_MAX && !set) {
+                fail(r, "bitmap %s: granule %" PRIu64 " not set, block %"
+                     PRIu64 " reads %u, was %u at the add or last clear",
+                     bm_name[i], g, changed, model_content(m, changed),
+                     b->base[changed]);
+            }
+            if (set && !touched) {
+                fail(r, "bitmap %s: granule %" PRIu64 " set, no operation "
+                     "touched it since the add or last clear", bm_name[i],
+                     g);
+            }
+            r->n.granules++;
+            r->n.granules_set += set;
+        }
+        g_free(bits);
+    }
+    if (extree_bitmap_count(r->t) != present) {
+        fail(r, "%u bitmaps load, expected %u", extree_bitmap_count(r->t),
+             present);
+    }
+    r->n.bm_checks++;
+}
+
 /* ---- operations ---- */
 
 /*
@@ -361,6 +555,7 @@ static void after_update(Run *r, uint64_t gen_before)
     r->gen = extree_generation(r->t);
     model_copy(&r->committed, &r->model);
     host_commit(r);
+    bm_commit(r);
     r->n.forced++;
 }
 
@@ -429,6 +624,7 @@ static void do_commit(Run *r)
     r->gen = extree_generation(r->t);
     model_copy(&r->committed, &r->model);
     host_commit(r);
+    bm_commit(r);
     r->n.commits++;
 }
 
@@ -505,6 +701,11 @@ static void do_reopen(Run *r, bool commit)
     if (!commit) {
         r->n.dropped++;
     }
+    check_bitmaps(r);
+    for (int i = 0; i < NBM; i++) {
+        bm_rec_set(&r->bm[i], &r->cbm[i]);
+    }
+    r->inflight = -1;
     model_copy(&r->model, &r->committed);
     host_rebuild(r);
     r->extents = model_extent_count(&r->model);
@@ -531,6 +732,172 @@ static void pick_range(Run *r, uint64_t *blk, uint64_t *n)
     *blk = model_rand_below(&r->rng, r->model.nblocks - *n + 1);
 }
 
+/*
+ * A guest write of blocks [blk, blk + n) as the QEMU driver makes it, run
+ * by run: in place where extree_in_place() allows it, marked before the
+ * data goes out (extree_bitmaps_mark()); in place after a mark log record
+ * where the committed bitmaps lack it and the log has room; else to new
+ * space.  A log half full is checkpointed by a commit, as the driver does.
+ */
+static void do_write(Run *r, uint64_t blk, uint64_t n)
+{
+    uint64_t guest = blk * r->bs, end = (blk + n) * r->bs;
+
+    if (end > r->v->virtual_size) {
+        /* the block the disk ends in goes to new space, as inserts do */
+        do_insert(r, r->model.nblocks - 1, 1);
+        end -= r->bs;
+    }
+    while (guest < end) {
+        ExtreeRun run;
+        bool in_place = false, logged = false;
+        uint64_t len;
+
+        check_ret(r, extree_cursor_query(&r->cur, guest, end - guest,
+                                         EXTREE_COALESCE_HOST, &run),
+                  "extree_cursor_query");
+        len = MIN(run.length, end - guest);
+        if (run.type == EXTREE_RUN_DATA) {
+            check_ret(r, extree_in_place(r->t, &run, guest, len, &in_place),
+                      "extree_in_place");
+            if (in_place) {
+                extree_bitmaps_mark(r->t, guest, len);
+            } else {
+                int ret = model_mark_log_write(r->t, r->be, &run, guest,
+                                               len);
+                if (ret == -EPROTO) {
+                    fail(r, "not in place after its mark log record");
+                } else if (ret != -ENOSPC) {
+                    check_ret(r, ret, "model_mark_log_write");
+                    in_place = logged = true;
+                }
+            }
+        }
+        if (in_place) {
+            uint64_t b0 = guest / r->bs, nb = len / r->bs;
+            uint64_t host = run.host + guest - run.guest;
+            uint32_t tag = ++r->tag;
+
+            memset(r->buf, tag, len);
+            check_ret(r, r->be->ops->pwrite(r->be->opaque, host, r->buf, len),
+                      "pwrite in place");
+            r->inflight = b0 + nb - 1;
+            r->inflight_prev = model_content(&r->model, b0 + nb - 1);
+            for (uint64_t b = b0; b < b0 + nb; b++) {
+                ModelBlock *c = &r->committed.b[b];
+                ModelBlock *cur = &r->model.b[b];
+
+                cur->tag = tag;
+                /* durable now if the committed state maps it there */
+                if (c->type == EXTREE_RUN_DATA && c->host == cur->host) {
+                    c->tag = tag;
+                }
+            }
+            r->n.in_place++;
+            r->n.logged += logged;
+            if (logged && extree_mark_log_checkpoint_wanted(r->t)) {
+                extree_mark_log_checkpoint(r->t);
+                do_commit(r);
+                r->n.checkpoints++;
+            }
+        } else {
+            do_insert(r, guest / r->bs, len / r->bs);
+            r->n.moved++;
+        }
+        guest += len;
+    }
+}
+
+/*
+ * Add, clear (a sync of all-clear bits, as QEMU's clear and the driver's
+ * next sync do), merge (a sync with keep) or remove a bitmap, or shrink
+ * the disk and grow it back (extree_set_virtual_size())
+ */
+static void do_bitmap_op(Run *r)
+{
+    unsigned dice = model_rand_below(&r->rng, 100);
+    int i = model_rand_below(&r->rng, NBM), j = model_rand_below(&r->rng, NBM);
+    BmRec *b = &r->bm[i];
+    uint64_t gen = extree_generation(r->t);
+    int k;
+
+    if (dice < 30 || (dice < 85 && !b->present)) {
+        if (b->present) {
+            trace(r, "bitmap remove %s", bm_name[i]);
+            check_ret(r, extree_bitmap_remove(r->t, bm_name[i]),
+                      "extree_bitmap_remove");
+            bm_rec_drop(b);
+            r->n.bm_removes++;
+        } else {
+            b->gran = r->bs << model_rand_below(&r->rng, 4);
+            trace(r, "bitmap add %s granularity %" PRIu64, bm_name[i],
+                  b->gran);
+            check_ret(r, extree_bitmap_add(r->t, bm_name[i], b->gran, true),
+                      "extree_bitmap_add");
+            b->present = true;
+            bm_rebase(r, i);
+            r->n.bm_adds++;
+        }
+    } else if (dice < 60) {
+        uint8_t *zero;
+
+        trace(r, "bitmap clear %s", bm_name[i]);
+        k = extree_bitmap_find(r->t, bm_name[i]);
+        zero = g_malloc0(extree_bitmap_bytes(r->t, k));
+        check_ret(r, extree_bitmap_sync(r->t, k, zero, true, false),
+                  "extree_bitmap_sync");
+        g_free(zero);
+        bm_rebase(r, i);
+        if (r->inflight >= 0 && model_rand_below(&r->rng, 2)) {
+            /* the last write in place had not returned: after the clear */
+            b->base[r->inflight] = r->inflight_prev;
+        }
+        r->n.bm_clears++;
+    } else if (dice < 85) {
+        BmRec *src = &r->bm[j];
+        uint8_t *bits;
+        int ks;
+
+        if (j == i || !src->present || src->gran != b->gran) {
+            return;
+        }
+        trace(r, "bitmap merge %s into %s", bm_name[j], bm_name[i]);
+        k = extree_bitmap_find(r->t, bm_name[i]);
+        ks = extree_bitmap_find(r->t, bm_name[j]);
+        bits = g_malloc(extree_bitmap_bytes(r->t, ks));
+        extree_bitmap_read(r->t, ks, bits);
+        check_ret(r, extree_bitmap_sync(r->t, k, bits, true, true),
+                  "extree_bitmap_sync");
+        g_free(bits);
+        b->since = MIN(b->since, src->since);
+        r->n.bm_merges++;
+    } else {
+        uint64_t keep = r->model.nblocks / 2 +
+                        model_rand_below(&r->rng, r->model.nblocks / 2);
+        uint64_t gen_grow;
+
+        trace(r, "shrink to blk %" PRIu64 ", grow back", keep);
+        check_ret(r, extree_set_virtual_size(r->t, keep * r->bs),
+                  "extree_set_virtual_size (shrink)");
+        model_apply(r, keep, r->model.nblocks - keep, EXTREE_RUN_UNALLOC, 0);
+        after_update(r, gen);
+        gen_grow = extree_generation(r->t);
+        check_ret(r, extree_set_virtual_size(r->t, r->v->virtual_size),
+                  "extree_set_virtual_size (grow)");
+        after_update(r, gen_grow);
+        if (gen_grow != gen && extree_generation(r->t) == gen_grow) {
+            /* the small size is committed: a reopen wants the full one */
+            do_commit(r);
+        }
+        r->extents = model_extent_count(&r->model);
+        touch(r, keep, r->model.nblocks - keep);
+        r->seq_next = MIN(r->seq_next, keep);
+        r->n.resizes++;
+        return;
+    }
+    after_update(r, gen);
+}
+
 static void one_op(Run *r)
 {
     uint64_t blk, n, probe, max;
@@ -548,6 +915,11 @@ static void one_op(Run *r)
     if (model_rand_below(&r->rng, r->v->commit_one_in) == 0) {
         trace(r, "commit");
         do_commit(r);
+        return;
+    }
+    if (!r->partial_left &&
+        model_rand_below(&r->rng, r->v->bitmap_one_in) == 0) {
+        do_bitmap_op(r);
         return;
     }
 
@@ -582,9 +954,12 @@ static void one_op(Run *r)
             r->model.b[blk].host == r->model.b[blk - 1].host + r->bs) {
             r->n.seq_extended++;
         }
-    } else if (dice < 55) {
+    } else if (dice < 40) {
         trace(r, "insert blk %" PRIu64 " n %" PRIu64, blk, n);
         do_insert(r, blk, n);
+    } else if (dice < 55) {
+        trace(r, "write blk %" PRIu64 " n %" PRIu64, blk, n);
+        do_write(r, blk, n);
     } else if (dice < 58) {
         trace(r, "alloc+free blk %" PRIu64 " n %" PRIu64, blk, n);
         do_free(r, blk, n);
@@ -605,6 +980,7 @@ static void one_op(Run *r)
         after_update(r, gen);
         r->n.zeroes++;
     }
+    touch(r, blk, n);
 
     /* The item count changes only around the operation */
     r->extents += model_extent_starts(&r->model, blk, blk + n + 1);
@@ -656,6 +1032,9 @@ static void run_variant(gconstpointer opaque)
     r->hostmap_len = 1024;
     r->hostmap = g_malloc0(r->hostmap_len);
     r->host_changed = g_array_new(false, false, sizeof(uint64_t));
+    r->buf = g_malloc(v->max_len * r->bs);
+    r->touched = g_new0(uint64_t, r->model.nblocks);
+    r->inflight = -1;
 
     r->be = extree_mem_backend_new();
     ret = extree_create(r->be, &cp, &err);
@@ -705,6 +1084,17 @@ static void run_variant(gconstpointer opaque)
                    extree_host_end(r->t) >> 20, extree_free_bytes(r->t) >> 20,
                    model_data_blocks(&r->model) * r->bs >> 20,
                    (g_get_monotonic_time() - t0) / 1e6);
+    g_test_message("variant %s: %" PRIu64 " runs written in place (%" PRIu64
+                   " after a mark log record, %" PRIu64 " checkpoints), %"
+                   PRIu64 " to new space; bitmaps: %" PRIu64 " adds, %" PRIu64
+                   " clears, %" PRIu64 " merges, %" PRIu64 " removes, %"
+                   PRIu64 " shrinks and grows; %" PRIu64 " checks of %"
+                   PRIu64 " granules, %" PRIu64 " set; %" PRIu64 " mark log "
+                   "records replayed", v->name,
+                   r->n.in_place, r->n.logged, r->n.checkpoints, r->n.moved,
+                   r->n.bm_adds, r->n.bm_clears, r->n.bm_merges,
+                   r->n.bm_removes, r->n.resizes, r->n.bm_checks,
+                   r->n.granules, r->n.granules_set, r->n.replayed);
 
     extree_cursor_release(&r->cur);
     extree_close(r->t);
@@ -713,6 +1103,12 @@ static void run_variant(gconstpointer opaque)
     model_destroy(&r->committed);
     g_free(r->hostmap);
     g_array_free(r->host_changed, true);
+    for (int i = 0; i < NBM; i++) {
+        bm_rec_drop(&r->bm[i]);
+        bm_rec_drop(&r->cbm[i]);
+    }
+    g_free(r->buf);
+    g_free(r->touched);
     g_free(r);
 }
 
@@ -724,7 +1120,7 @@ static const Variant variants[] = {
         .block_size = 4096, .node_size = 16384,
         .ops = 450000, .max_len = 256, .short_len = 8,
         .commit_one_in = 400, .reopen_one_in = 4000,
-        .walk_every = 2000,
+        .walk_every = 2000, .bitmap_one_in = 500,
     },
     {
         /*
@@ -737,7 +1133,7 @@ static const Variant variants[] = {
         .cache_size = 256 << 10,
         .ops = 350000, .max_len = 64, .short_len = 2,
         .commit_one_in = 1000, .reopen_one_in = 10000,
-        .walk_every = 5000,
+        .walk_every = 5000, .bitmap_one_in = 1000,
     },
     {
         /*
@@ -751,7 +1147,7 @@ static const Variant variants[] = {
         .dirty_limit = 64 << 10,
         .ops = 200000, .max_len = 128, .short_len = 2,
         .commit_one_in = 2000, .reopen_one_in = 1000,
-        .walk_every = 1000,
+        .walk_every = 1000, .bitmap_one_in = 300,
     },
 };
 
