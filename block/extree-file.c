@@ -360,7 +360,7 @@ void coroutine_mixed_fn GRAPH_RDLOCK xt_trim_file(BDRVExtreeState *s)
     int ret;
 
     if (!s->t || s->core_read_only || s->inactive || extree_is_dirty(s->t) ||
-        s->corrupt_pending || s->signaled_corruption ||
+        extree_corruption_pending(s->t) || s->signaled_corruption ||
         (extree_incompat_features(s->t) & EXTREE_INCOMPAT_CORRUPT) ||
         (s->bs->open_flags & BDRV_O_CHECK)) {
         return;

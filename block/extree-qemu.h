@@ -187,13 +187,11 @@ typedef struct BDRVExtreeState {
     CoQueue mark_queue;
 
     /*
-     * Corruption seen by the core, handled after the core call returned
-     * (xt_handle_corruption()).  Protected by lock.
+     * BLOCK_IMAGE_CORRUPTED was sent for this image (later non-fatal
+     * damage is only logged); the damage itself is kept by the core until
+     * xt_handle_corruption().  Protected by lock.
      */
-    bool corrupt_pending;
     bool signaled_corruption;
-    uint64_t corrupt_offset;
-    char *corrupt_msg;
 
     /* Runtime options */
     uint64_t cache_size;                /* bytes, 0 = core default */
@@ -363,8 +361,11 @@ void coroutine_fn xt_alloc_done(BlockReq *req);
 bool coroutine_fn xt_wait_alloc(BDRVExtreeState *s, uint64_t start,
                                 uint64_t end);
 
-/* The core's corruption handler: records the corruption, nothing more */
-void xt_corrupt_cb(void *opaque, uint64_t offset, const char *msg);
+/*
+ * Report the damage the core found since the last call, if any, and mark
+ * a writable image corrupt.  s->lock held, or no request in flight.
+ */
+void coroutine_mixed_fn xt_handle_corruption(BDRVExtreeState *s);
 /* The core's trace points as QEMU trace events (extree_set_trace()) */
 void xt_core_trace(void *opaque, ExtreeTraceEvent ev, uint64_t a, uint64_t b,
                    uint64_t c);

@@ -35,24 +35,7 @@
 
 #include "extree-qemu.h"
 
-/* ---- Corruption ---- */
-
-/*
- * Called by the core, from inside the call that found the damage (which
- * then fails with -EIO).  Only records it: marking the image corrupt
- * writes a superblock, which must wait until the core call has returned.
- */
-void xt_corrupt_cb(void *opaque, uint64_t offset, const char *msg)
-{
-    BDRVExtreeState *s = opaque;
-
-    if (!s->corrupt_pending) {
-        s->corrupt_pending = true;
-        s->corrupt_offset = offset;
-        g_free(s->corrupt_msg);
-        s->corrupt_msg = g_strdup(msg);
-    }
-}
+/* ---- Core trace points, corruption ---- */
 
 void xt_core_trace(void *opaque, ExtreeTraceEvent ev, uint64_t a, uint64_t b,
                    uint64_t c)
@@ -94,53 +77,50 @@ void xt_core_trace(void *opaque, ExtreeTraceEvent ev, uint64_t a, uint64_t b,
  *
  * Called with s->lock held, or with no request in flight.
  */
-static void coroutine_mixed_fn xt_handle_corruption(BDRVExtreeState *s)
+void coroutine_mixed_fn xt_handle_corruption(BDRVExtreeState *s)
 {
     BlockDriverState *bs = s->bs;
+    ExtreeCorruption c;
     const char *node_name;
-    bool fatal;
     int ret;
 
-    if (!s->corrupt_pending) {
+    if (!s->t ||
+        !extree_take_corruption(s->t, !s->core_read_only && !s->inactive,
+                                &c)) {
         return;
     }
-    s->corrupt_pending = false;
-    fatal = s->t && !s->core_read_only && !s->inactive &&
-            !(extree_incompat_features(s->t) & EXTREE_INCOMPAT_CORRUPT);
-    trace_extree_corruption(s, s->corrupt_offset, fatal);
+    trace_extree_corruption(s, c.offset, c.fatal);
 
-    if (!s->signaled_corruption || fatal) {
-        if (fatal) {
+    if (!s->signaled_corruption || c.fatal) {
+        if (c.fatal) {
             error_report("extree: Marking image as corrupt: %s; further "
-                         "corruption events will be suppressed",
-                         s->corrupt_msg);
+                         "corruption events will be suppressed", c.msg);
         } else {
             error_report("extree: Image is corrupt: %s; further non-fatal "
-                         "corruption events will be suppressed",
-                         s->corrupt_msg);
+                         "corruption events will be suppressed", c.msg);
         }
         node_name = bdrv_get_node_name(bs);
         qapi_event_send_block_image_corrupted(bdrv_get_device_name(bs),
                                               *node_name ? node_name : NULL,
-                                              s->corrupt_msg, true,
-                                              s->corrupt_offset, false, 0,
-                                              fatal);
+                                              c.msg, true, c.offset, false, 0,
+                                              c.fatal);
         s->signaled_corruption = true;
     }
-    if (fatal) {
+    if (c.fatal) {
         ret = extree_mark_corrupt(s->t);
         if (ret < 0) {
             error_report("extree: Could not mark the image corrupt: %s",
                          strerror(-ret));
         }
     }
+    g_free(c.msg);
 }
 
 /* ---- Lock, commit gate, commits ---- */
 
 void coroutine_fn xt_unlock(BDRVExtreeState *s)
 {
-    if (unlikely(s->corrupt_pending)) {
+    if (unlikely(s->t && extree_corruption_pending(s->t))) {
         xt_handle_corruption(s);
     }
     qemu_co_mutex_unlock(&s->lock);

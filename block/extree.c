@@ -316,7 +316,6 @@ static void GRAPH_RDLOCK xt_install_core(BDRVExtreeState *s, Extree *t,
     s->node_size = extree_node_size(t);
     s->compress_unit = MAX(XT_COMPRESS_UNIT, s->block_size);
     s->compress_alg = extree_compression_type(t) ?: EXTREE_COMPRESS_ZSTD;
-    extree_set_corrupt_handler(t, xt_corrupt_cb, s);
     extree_set_trace(t, xt_core_trace, s);
     extree_cursor_init(&s->status_cursor, t);
     qatomic_set(&s->virtual_size, extree_virtual_size(t));
@@ -349,6 +348,8 @@ static void GRAPH_RDLOCK xt_install_core(BDRVExtreeState *s, Extree *t,
 static void xt_drop_core(BDRVExtreeState *s)
 {
     if (s->t) {
+        /* damage a closing commit found is reported, not dropped */
+        xt_handle_corruption(s);
         trace_extree_close(s, extree_generation(s->t));
         extree_cursor_release(&s->status_cursor);
         extree_close(s->t);
@@ -505,8 +506,6 @@ static void GRAPH_UNLOCKED xt_close(BlockDriverState *bs)
 
     xt_do_close(bs);
     xt_crypt_close(s);
-    g_free(s->corrupt_msg);
-    s->corrupt_msg = NULL;
     g_free(s->bitmap_removing);
     s->bitmap_removing = NULL;
     if (s->bitmap_gens) {
@@ -860,7 +859,9 @@ xt_co_check(BlockDriverState *bs, BdrvCheckResult *result,
     ret = 0;
 out:
     /* The checker reports damage itself; don't mark on its behalf */
-    s->corrupt_pending = false;
+    if (s->t) {
+        extree_drop_corruption(s->t);
+    }
     xt_leave(s);
     trace_extree_co_check_done(s, result->corruptions, result->leaks, ret);
     return ret;

@@ -48,16 +48,6 @@
 
 /* ---- Lock, corruption, commit gate ---- */
 
-/* Called by the core from the call that found the damage (-EIO) */
-void xp_corrupt_cb(void *opaque, uint64_t offset, const char *msg)
-{
-    if (!xp.corrupt_pending) {
-        xp.corrupt_pending = true;
-        g_free(xp.corrupt_msg);
-        xp.corrupt_msg = g_strdup(msg);
-    }
-}
-
 /*
  * As qcow2 and the QEMU driver do: the request that hit damage fails with
  * -EIO and its message; a writable image is marked corrupt (the core
@@ -65,18 +55,15 @@ void xp_corrupt_cb(void *opaque, uint64_t offset, const char *msg)
  */
 static void xp_handle_corruption(void)
 {
-    bool fatal;
+    ExtreeCorruption c;
     int ret;
 
-    if (!xp.corrupt_pending) {
+    if (!extree_take_corruption(xp.t, !xp.core_read_only, &c)) {
         return;
     }
-    xp.corrupt_pending = false;
-    fatal = !xp.core_read_only &&
-            !(extree_incompat_features(xp.t) & EXTREE_INCOMPAT_CORRUPT);
-    nbdkit_error("%s%s", xp.corrupt_msg,
-                 fatal ? "; marking the image corrupt" : "");
-    if (fatal) {
+    nbdkit_error("%s%s", c.msg, c.fatal ? "; marking the image corrupt" : "");
+    g_free(c.msg);
+    if (c.fatal) {
         ret = extree_mark_corrupt(xp.t);
         if (ret < 0) {
             nbdkit_error("could not mark the image corrupt: %s",
@@ -92,7 +79,7 @@ void xp_lock(void)
 
 void xp_unlock(void)
 {
-    if (xp.corrupt_pending) {
+    if (xp.t && extree_corruption_pending(xp.t)) {
         xp_handle_corruption();
     }
     pthread_mutex_unlock(&xp.lock);
@@ -140,7 +127,7 @@ int xp_commit_locked(void)
     }
     xp.commit_waiting--;
     pthread_cond_broadcast(&xp.cond);
-    if (ret < 0 && !xp.corrupt_pending) {
+    if (ret < 0 && !extree_corruption_pending(xp.t)) {
         nbdkit_error("could not commit metadata: %s", strerror(-ret));
     }
     return ret;
@@ -614,7 +601,7 @@ int xp_pwrite(void *handle, const void *buf, uint32_t count,
     if (ret == 0 && (flags & NBDKIT_FLAG_FUA)) {
         ret = xp_fua_locked();
     }
-    if (ret < 0 && !xp.corrupt_pending) {
+    if (ret < 0 && !extree_corruption_pending(xp.t)) {
         nbdkit_error("write failed: %s", strerror(-ret));
     }
     xp_unlock();
@@ -877,7 +864,7 @@ int xp_zero(void *handle, uint32_t count, uint64_t offset,
     if (ret == 0 && (flags & NBDKIT_FLAG_FUA)) {
         ret = xp_fua_locked();
     }
-    if (ret < 0 && ret != -ENOTSUP && !xp.corrupt_pending) {
+    if (ret < 0 && ret != -ENOTSUP && !extree_corruption_pending(xp.t)) {
         nbdkit_error("zero failed: %s", strerror(-ret));
     }
     xp_unlock();

@@ -117,7 +117,6 @@ static void xp_unload(void)
 {
     g_free(cfg.file);
     g_free(cfg.snapshot);
-    g_free(xp.corrupt_msg);
 }
 
 static int xp_parse_u32_size(const char *key, const char *value,
@@ -262,7 +261,6 @@ static int xp_open_core(bool read_only)
         goto fail;
     }
     xp.core_read_only = read_only;
-    extree_set_corrupt_handler(xp.t, xp_corrupt_cb, NULL);
     if (extree_debug_trace) {
         extree_set_trace(xp.t, xp_trace, NULL);
     }
@@ -293,8 +291,8 @@ static int xp_open_core(bool read_only)
         ret = extree_snapshot_load_tmp(xp.t, idx);
         if (ret < 0) {
             nbdkit_error("%s: could not load snapshot '%s': %s", cfg.file,
-                         cfg.snapshot, xp.corrupt_msg ? xp.corrupt_msg :
-                         strerror(-ret));
+                         cfg.snapshot, extree_corruption_pending(xp.t) ?
+                         extree_last_error(xp.t) : strerror(-ret));
             goto fail;
         }
     }

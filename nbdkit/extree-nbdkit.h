@@ -58,9 +58,6 @@ typedef struct XpState {
      */
     unsigned inflight;
     unsigned commit_waiting;
-    /* The core reported damage in the call that is returning */
-    bool corrupt_pending;
-    char *corrupt_msg;
     /* Periodic commits (extree-nbdkit.c); @committer_cond: stop */
     pthread_t committer;
     pthread_cond_t committer_cond;
@@ -120,7 +117,6 @@ int xp_lock_image(bool write, char **errmsg);
 
 /* ---- extree-nbdkit-io.c ---- */
 
-void xp_corrupt_cb(void *opaque, uint64_t offset, const char *msg);
 void xp_lock(void);
 /* Reports corruption the core found meanwhile, then unlocks */
 void xp_unlock(void);

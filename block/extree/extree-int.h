@@ -818,6 +818,7 @@ struct Extree {
     ExtreeStats stats;
     ExtreeCorruptFn *corrupt_fn;
     void *corrupt_opaque;
+    ExtreeCorruption pending;   /* msg NULL: none (extree_take_corruption) */
     char *last_error;
     ExtreeDamage damage;        /* the kind of the last damage found */
     ExtreeTraceFn *trace_fn;    /* extree_set_trace() */

@@ -39,8 +39,9 @@ const char *extree_tree_name(uint32_t owner)
 }
 
 /*
- * The one corruption helper: record the message, tell the handler, return
- * -EIO for the failing call to pass up.
+ * The one corruption helper: record the message (and keep the first one
+ * for extree_take_corruption()), tell the handler, return -EIO for the
+ * failing call to pass up.
  */
 int extree_damage(Extree *t, ExtreeDamage kind, uint64_t offset,
                   const char *fmt, ...)
@@ -52,6 +53,10 @@ int extree_damage(Extree *t, ExtreeDamage kind, uint64_t offset,
     t->last_error = g_strdup_vprintf(fmt, ap);
     va_end(ap);
     t->damage = kind;
+    if (!t->pending.msg) {
+        t->pending.offset = offset;
+        t->pending.msg = g_strdup(t->last_error);
+    }
     if (t->corrupt_fn) {
         t->corrupt_fn(t->corrupt_opaque, offset, t->last_error);
     }

@@ -384,6 +384,7 @@ void extree_close(Extree *t)
     g_free(t->backing_fmt);
     g_free(t->csb);
     g_free(t->last_error);
+    g_free(t->pending.msg);
     g_free(t->open_warning);
     g_free(t);
 }
@@ -724,6 +725,29 @@ void extree_set_trace(Extree *t, ExtreeTraceFn *fn, void *opaque)
 const char *extree_last_error(const Extree *t)
 {
     return t->last_error;
+}
+
+bool extree_corruption_pending(const Extree *t)
+{
+    return t->pending.msg != NULL;
+}
+
+bool extree_take_corruption(Extree *t, bool writable, ExtreeCorruption *c)
+{
+    if (!t->pending.msg) {
+        return false;
+    }
+    *c = t->pending;
+    c->fatal = writable && !t->read_only &&
+               !(t->incompat & EXTREE_INCOMPAT_CORRUPT);
+    t->pending.msg = NULL;
+    return true;
+}
+
+void extree_drop_corruption(Extree *t)
+{
+    g_free(t->pending.msg);
+    t->pending.msg = NULL;
 }
 
 const char *extree_open_warning(const Extree *t)

@@ -149,6 +149,13 @@ typedef struct ExtreeOpenOptions {
 
 typedef void ExtreeCorruptFn(void *opaque, uint64_t offset, const char *msg);
 
+/* Damage found by the core and not yet reported (extree_take_corruption()) */
+typedef struct ExtreeCorruption {
+    uint64_t offset;    /* host offset of the damaged structure */
+    char *msg;          /* "corrupt <structure> at offset 0x..: <reason>" */
+    bool fatal;         /* the caller should mark the image corrupt */
+} ExtreeCorruption;
+
 /*
  * Everything that can be wrong with @p, checked before anything is
  * written: -EINVAL with the message in *@errmsg (g_malloc'd), as a user
@@ -294,6 +301,21 @@ bool extree_commit_wanted(const Extree *t);
  */
 void extree_set_corrupt_handler(Extree *t, ExtreeCorruptFn *fn, void *opaque);
 const char *extree_last_error(const Extree *t);
+
+/*
+ * The first damage found since the last extree_take_corruption(), kept by
+ * the core for every caller (the QEMU driver, the plugin): the call that
+ * found it failed with -EIO, and the caller reports it once that call has
+ * returned, since marking the image corrupt writes a superblock.
+ * extree_take_corruption() hands it over (the caller g_free()s c->msg);
+ * c->fatal says whether to mark the image corrupt (extree_mark_corrupt()):
+ * the caller may write (@writable) and the image is not marked yet.  False
+ * if nothing is pending.  extree_drop_corruption() forgets it (a checker,
+ * which reports damage itself).
+ */
+bool extree_corruption_pending(const Extree *t);
+bool extree_take_corruption(Extree *t, bool writable, ExtreeCorruption *c);
+void extree_drop_corruption(Extree *t);
 
 /*
  * Trace points of the core, for the caller's tracing (the QEMU driver's

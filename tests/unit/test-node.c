@@ -237,6 +237,7 @@ static void test_corrupt_reporting(void)
     ExtreeOpenOptions o = { 0 };
     ExtreeDamage damage = EXTREE_DAMAGE_NONE;
     Seen seen = { 0 };
+    ExtreeCorruption c;
     ExtreeRun runs[4];
     uint64_t root, leaf;
     char *err = NULL, *want;
@@ -275,6 +276,26 @@ static void test_corrupt_reporting(void)
     /* again: again -EIO, no crash; writes there fail too */
     g_assert_cmpint(extree_lookup(t, 300 * BS, BS, runs, 4, &n), ==, -EIO);
     g_assert_cmpint(extree_punch(t, 300 * BS, BS), ==, -EIO);
+
+    /*
+     * The first damage waits for the caller (the driver and the plugin
+     * take it the same way); fatal only for a writer of an unmarked image
+     */
+    g_assert_true(extree_corruption_pending(t));
+    g_assert_true(extree_take_corruption(t, true, &c));
+    g_assert_cmphex(c.offset, ==, leaf);
+    g_assert_cmpstr(c.msg, ==, seen.msg);
+    g_assert_true(c.fatal);
+    g_free(c.msg);
+    g_assert_false(extree_corruption_pending(t));
+    g_assert_false(extree_take_corruption(t, true, &c));
+    g_assert_cmpint(extree_lookup(t, 300 * BS, BS, runs, 4, &n), ==, -EIO);
+    g_assert_true(extree_take_corruption(t, false, &c));
+    g_assert_false(c.fatal);
+    g_free(c.msg);
+    g_assert_cmpint(extree_lookup(t, 300 * BS, BS, runs, 4, &n), ==, -EIO);
+    extree_drop_corruption(t);
+    g_assert_false(extree_corruption_pending(t));
     extree_close(t);
 
     /* damage the root: open fails with the message */
