@@ -127,10 +127,14 @@ fi
 # plugin's tests use a distribution's binaries, not this project's
 # (qemu-block-extra: its rbd, iscsi, ... modules).  Ceph's daemons and
 # librbd: QEMU's rbd driver, and the one-node cluster of extree-rbd
-# (scripts/ceph-cluster.sh).  Without recommends (qemu-system-x86 would
-# pull in a desktop's worth, ceph-mgr half of Python's).
+# (scripts/ceph-cluster.sh).  virtnbdbackup 1.9.15 and its Python modules
+# (python3-libvirt, -libnbd, -lxml, ...): the iotest extree-virtnbdbackup
+# runs a patched copy of it (patches/virtnbdbackup) against the private
+# libvirtd of scripts/build-libvirt.sh.  Without recommends (qemu-system-x86
+# would pull in a desktop's worth, ceph-mgr half of Python's,
+# python3-libvirt Debian's own libvirt daemon).
 stock=(qemu-utils qemu-block-extra qemu-system-x86 libguestfs-tools linux-image-amd64
-       ceph-mon ceph-osd ceph-mgr ceph-common librbd-dev)
+       ceph-mon ceph-osd ceph-mgr ceph-common librbd-dev virtnbdbackup)
 missing=()
 for p in "${stock[@]}"; do
     dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
