@@ -164,10 +164,13 @@ xt_mark_log(BDRVExtreeState *s, uint64_t start, uint64_t len)
         ret = extree_mark_log_append(s->t, r, n, &rec, &off);
         if (ret == 0) {
             /*
-             * Durable before the writes it lets go in place are issued:
-             * a FUA write, which file-posix makes one write with
-             * RWF_DSYNC (aio=native, io_uring) instead of a write and a
-             * flush of everything; aligned, so that O_DIRECT takes it
+             * Durable before the writes it lets go in place are issued: a
+             * write, then a flush once it has completed.  Not a FUA write:
+             * where FUA is emulated (file-posix with aio=threads, filters
+             * such as blklogwrites) the flush runs before the write counts
+             * in the node's write generation, and is skipped when nothing
+             * else was written since the last flush.  Aligned, so that
+             * O_DIRECT takes it.
              */
             void *buf = qemu_blockalign(s->bs->file->bs,
                                         EXTREE_MARK_LOG_RECORD);
@@ -176,7 +179,10 @@ xt_mark_log(BDRVExtreeState *s, uint64_t start, uint64_t len)
             g_free(rec);
             qemu_co_mutex_unlock(&s->lock);
             ret = bdrv_co_pwrite(s->bs->file, off, EXTREE_MARK_LOG_RECORD,
-                                 buf, BDRV_REQ_FUA);
+                                 buf, 0);
+            if (ret == 0) {
+                ret = bdrv_co_flush(s->bs->file->bs);
+            }
             xt_lock(s);
             qemu_vfree(buf);
             if (ret == 0) {
