@@ -389,6 +389,18 @@ int GRAPH_RDLOCK xt_call_locked(BlockDriverState *bs, ExtreeLockedFn *fn);
 int GRAPH_RDLOCK xt_call_locked_op(BlockDriverState *bs,
                                    ExtreeLockedOpFn *fn, void *opaque);
 
+/* ---- extree-read.c ---- */
+
+/*
+ * extree_cursor_query() that reads a node missing from the cache without
+ * s->lock (others missing the same node wait for that read).  Called with
+ * s->lock held; may drop and retake it: the answer holds until the caller
+ * next drops the lock.
+ */
+int coroutine_fn GRAPH_RDLOCK
+xt_query(BDRVExtreeState *s, ExtreeCursor *c, uint64_t guest,
+         uint64_t max_bytes, int coalesce, ExtreeRun *run);
+
 /* ---- extree-write.c ---- */
 
 /*

@@ -94,7 +94,7 @@ xt_read_node(BDRVExtreeState *s, uint64_t bytenr, uint64_t epoch)
  * reads with the lock held, with readahead, and reports errors its usual
  * way.  Called with s->lock held; may drop and retake it.
  */
-static int coroutine_fn GRAPH_RDLOCK
+int coroutine_fn GRAPH_RDLOCK
 xt_query(BDRVExtreeState *s, ExtreeCursor *c, uint64_t guest,
          uint64_t max_bytes, int coalesce, ExtreeRun *run)
 {

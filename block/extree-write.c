@@ -472,8 +472,8 @@ xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
         uint64_t n;
 
         xt_io_begin(s);
-        ret = extree_cursor_query(&cur, offset, bytes, EXTREE_COALESCE_HOST,
-                                  &run);
+        /* a node missing from the cache is read without the lock */
+        ret = xt_query(s, &cur, offset, bytes, EXTREE_COALESCE_HOST, &run);
         if (ret < 0) {
             xt_io_end(s);
             break;
