@@ -110,7 +110,7 @@ pkgs=(
     socat file bc xz-utils e2fsprogs
     btrfs-progs xfsprogs
     clang-16 libclang-rt-16-dev llvm-16
-    libnbd-bin python3-libnbd nbdkit nbdkit-plugin-dev fio
+    libnbd-bin python3-libnbd nbdkit nbdkit-plugin-dev fio strace
     libiscsi-dev tgt
 )
 missing=()
