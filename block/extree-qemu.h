@@ -187,6 +187,27 @@ typedef struct BDRVExtreeState {
     CoQueue mark_queue;
 
     /*
+     * Deferred writes (xt_defer_write()): writes in place that wait only
+     * for a mark log record, acknowledged at once and written by a
+     * coroutine of their own, which joins the record's group commit.
+     * Until written, each holds its guest range in @deferred_reqs: reads,
+     * writes and range updates that overlap it wait (xt_wait_deferred());
+     * a flush waits for those acknowledged before it (numbered by
+     * @deferred_seq), a gate or a resize for all.  @deferred_count and
+     * @deferred_bytes: what is held, bounded by XT_DEFER_MAX_*.
+     * @deferred_err: the first failure of one, which every flush returns
+     * from then on (the guest was told that the write succeeded).  Waiters
+     * for a flush wait on @deferred_queue.  Protected by lock; each is
+     * also counted in bs->in_flight, so that a drain waits for it.
+     */
+    BlockReqList deferred_reqs;
+    unsigned deferred_count;
+    uint64_t deferred_bytes;
+    uint64_t deferred_seq;
+    int deferred_err;
+    CoQueue deferred_queue;
+
+    /*
      * BLOCK_IMAGE_CORRUPTED was sent for this image (later non-fatal
      * damage is only logged); the damage itself is kept by the core until
      * xt_handle_corruption().  Protected by lock.
@@ -410,6 +431,12 @@ xt_query(BDRVExtreeState *s, ExtreeCursor *c, uint64_t guest,
 int coroutine_fn GRAPH_RDLOCK
 xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
            QEMUIOVector *qiov, size_t qiov_offset, bool nested);
+/*
+ * Wait until no deferred write overlaps guest [@start, @end) (UINT64_MAX:
+ * to the end).  s->lock held; dropped while waiting.
+ */
+void coroutine_fn xt_wait_deferred(BDRVExtreeState *s, uint64_t start,
+                                   uint64_t end);
 /*
  * The part of a write, guest [@offset, + @n), that falls into compressed
  * run @run: the unit is rewritten as data with it.  *@done: the part

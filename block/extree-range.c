@@ -465,6 +465,8 @@ xt_co_truncate(BlockDriverState *bs, int64_t offset, bool exact,
         error_setg_errno(errp, -ret, "Could not resize the image");
         return ret;
     }
+    /* none may write past a new end, nor into blocks that grow back */
+    xt_wait_deferred(s, 0, UINT64_MAX);
     old = extree_virtual_size(s->t);
     trace_extree_co_truncate_start(s, old, offset, prealloc, flags);
     if (offset < old) {

@@ -178,6 +178,8 @@ xt_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
     if (ret < 0) {
         return ret;
     }
+    /* an acknowledged write not yet written: read what it wrote */
+    xt_wait_deferred(s, offset, offset + bytes);
     extree_cursor_init(&cur, s->t);
     while (bytes > 0) {
         uint64_t pos = offset, left = bytes;

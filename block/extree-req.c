@@ -326,6 +326,8 @@ out:
  */
 void coroutine_fn xt_gate_close(BDRVExtreeState *s)
 {
+    /* before the gate: a deferred write passes it to be written */
+    xt_wait_deferred(s, 0, UINT64_MAX);
     s->commit_waiting++;
     while (s->io_inflight > 0) {
         xt_queue_wait(s, &s->commit_queue);

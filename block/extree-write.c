@@ -433,6 +433,7 @@ xt_settle_range(BDRVExtreeState *s, uint64_t start, uint64_t end)
     for (;;) {
         int ret;
 
+        xt_wait_deferred(s, start, end);
         xt_wait_alloc(s, start, end);
         /* waits while a commit is pending, dropping the lock: look again */
         xt_io_begin(s);
@@ -450,21 +451,169 @@ xt_settle_range(BDRVExtreeState *s, uint64_t start, uint64_t end)
     }
 }
 
-/* @nested: see xt_enter_nested() */
-int coroutine_fn GRAPH_RDLOCK
-xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
-           QEMUIOVector *qiov, size_t qiov_offset, bool nested)
+/* ---- Deferred writes ---- */
+
+/*
+ * A write in place that waits only for its mark log record is
+ * acknowledged at once and written by a coroutine of its own (deferred):
+ * the records' group commit then takes every write that arrives during a
+ * record's flush, not only the guest's queue depth, and the guest does
+ * not wait for the flush.  The spec's order holds: the data still goes
+ * out only once its record is durable.  What a crash loses is at most
+ * such acknowledged writes that no flush covered, which a crash may lose
+ * anyway; a flush waits for them (xt_co_flush_to_os()).  Bounded:
+ */
+#define XT_DEFER_MAX_WRITE      (256 * KiB)     /* larger ones wait */
+#define XT_DEFER_MAX_BYTES      (32 * MiB)      /* data held at once */
+#define XT_DEFER_MAX_COUNT      4096            /* writes held at once */
+
+typedef struct XtDeferredWrite {
+    BlockReq req;               /* in s->deferred_reqs until written */
+    BDRVExtreeState *s;
+    uint64_t seq;
+    void *buf;
+} XtDeferredWrite;
+
+/* xt_pwritev_flags() */
+enum {
+    XT_WRITE_NESTED = 1,        /* see xt_enter_nested() */
+    XT_WRITE_DEFERRED = 2,      /* a deferred write's own: not deferred */
+};
+
+static int coroutine_fn GRAPH_RDLOCK
+xt_pwritev_flags(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                 QEMUIOVector *qiov, size_t qiov_offset, unsigned flags);
+
+void coroutine_fn xt_wait_deferred(BDRVExtreeState *s, uint64_t start,
+                                   uint64_t end)
+{
+    int64_t bytes = MIN(end, (uint64_t)INT64_MAX) -
+                    MIN(start, (uint64_t)INT64_MAX);
+
+    while (reqlist_wait_one(&s->deferred_reqs, start, bytes, &s->lock)) {
+        /* look again: another may have come meanwhile */
+    }
+}
+
+/*
+ * Wait until every deferred write numbered up to @upto is written.
+ * Called with s->lock held; drops it while waiting.
+ */
+static void coroutine_fn xt_wait_deferred_upto(BDRVExtreeState *s,
+                                               uint64_t upto)
+{
+    for (;;) {
+        BlockReq *req;
+        bool older = false;
+
+        QLIST_FOREACH(req, &s->deferred_reqs, list) {
+            XtDeferredWrite *dw = container_of(req, XtDeferredWrite, req);
+
+            if (dw->seq <= upto) {
+                older = true;
+                break;
+            }
+        }
+        if (!older) {
+            return;
+        }
+        xt_queue_wait(s, &s->deferred_queue);
+    }
+}
+
+/* The coroutine that writes a deferred write; see xt_defer_write() */
+static void coroutine_fn xt_deferred_write_entry(void *opaque)
+{
+    XtDeferredWrite *dw = opaque;
+    BDRVExtreeState *s = dw->s;
+    BlockDriverState *bs = s->bs;
+    QEMUIOVector qiov;
+    int ret;
+
+    qemu_iovec_init_buf(&qiov, dw->buf, dw->req.bytes);
+    WITH_GRAPH_RDLOCK_GUARD() {
+        ret = xt_pwritev_flags(bs, dw->req.offset, dw->req.bytes, &qiov, 0,
+                               XT_WRITE_DEFERRED);
+    }
+    qemu_co_mutex_lock(&s->lock);
+    trace_extree_deferred_write_done(s, dw->seq, dw->req.offset, ret);
+    if (ret < 0 && !s->deferred_err) {
+        error_report("extree: %s: an acknowledged write to guest offset "
+                     "0x%" PRIx64 " failed (%s); every flush fails from "
+                     "now on", bdrv_get_device_or_node_name(bs),
+                     (uint64_t)dw->req.offset, strerror(-ret));
+        s->deferred_err = ret;
+    }
+    s->deferred_count--;
+    s->deferred_bytes -= dw->req.bytes;
+    reqlist_remove_req(&dw->req);
+    qemu_co_queue_restart_all(&s->deferred_queue);
+    qemu_co_mutex_unlock(&s->lock);
+    qemu_vfree(dw->buf);
+    g_free(dw);
+    bdrv_dec_in_flight(bs);
+}
+
+/*
+ * Take guest [@offset, + @bytes) from @qiov at @qiov_offset as a deferred
+ * write, if the bounds allow: true if it did (the caller's request is
+ * done).  The caller found that the write goes in place once a mark log
+ * record holds its marks.  Called with s->lock held.
+ */
+static bool coroutine_fn xt_defer_write(BDRVExtreeState *s, uint64_t offset,
+                                        uint64_t bytes, QEMUIOVector *qiov,
+                                        size_t qiov_offset)
+{
+    XtDeferredWrite *dw;
+    Coroutine *co;
+    void *buf;
+
+    if (bytes > XT_DEFER_MAX_WRITE ||
+        s->deferred_count >= XT_DEFER_MAX_COUNT ||
+        s->deferred_bytes + bytes > XT_DEFER_MAX_BYTES ||
+        /* came while this one looked up: they were concurrent */
+        reqlist_find_conflict(&s->deferred_reqs, offset, bytes)) {
+        return false;
+    }
+    buf = qemu_try_blockalign(s->bs->file->bs, bytes);
+    if (!buf) {
+        return false;
+    }
+    qemu_iovec_to_buf(qiov, qiov_offset, buf, bytes);
+    dw = g_new0(XtDeferredWrite, 1);
+    dw->s = s;
+    dw->buf = buf;
+    dw->seq = ++s->deferred_seq;
+    reqlist_init_req(&s->deferred_reqs, &dw->req, offset, bytes);
+    s->deferred_count++;
+    s->deferred_bytes += bytes;
+    trace_extree_deferred_write(s, dw->seq, offset, bytes);
+    /* entered once this coroutine yields; a drain waits for it */
+    bdrv_inc_in_flight(s->bs);
+    co = qemu_coroutine_create(xt_deferred_write_entry, dw);
+    aio_co_enter(bdrv_get_aio_context(s->bs), co);
+    return true;
+}
+
+static int coroutine_fn GRAPH_RDLOCK
+xt_pwritev_flags(BlockDriverState *bs, int64_t offset, int64_t bytes,
+                 QEMUIOVector *qiov, size_t qiov_offset, unsigned flags)
 {
     BDRVExtreeState *s = bs->opaque;
     bool committed = false, in_place, logged;
+    bool first = true;
     ExtreeCursor cur;
     int ret = 0;
 
     trace_extree_co_pwritev_start(s, offset, bytes);
-    ret = xt_enter_nested(s, nested);
+    ret = xt_enter_nested(s, flags & XT_WRITE_NESTED);
     logged = false;
     if (ret < 0) {
         return ret;
+    }
+    if (!(flags & XT_WRITE_DEFERRED)) {
+        /* an acknowledged write to the range goes first */
+        xt_wait_deferred(s, offset, offset + bytes);
     }
     extree_cursor_init(&cur, s->t);
     while (bytes > 0) {
@@ -493,6 +642,13 @@ xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
             uint64_t end = ROUND_UP(offset + n, bsz);
 
             if (extree_mark_log_wanted(s->t, &run, start, end - start)) {
+                if (first && !flags && n == bytes &&
+                    xt_defer_write(s, offset, n, qiov, qiov_offset)) {
+                    xt_io_end(s);
+                    offset += n;
+                    bytes = 0;
+                    break;
+                }
                 /*
                  * Only the bitmaps' committed marks keep it out of place:
                  * make them durable with a record, then look again (the
@@ -559,12 +715,22 @@ xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
         bytes -= n;
         qiov_offset += n;
         logged = false;
+        first = false;
     }
     extree_cursor_release(&cur);
     xt_update_done(s);
     xt_leave(s);
     trace_extree_co_pwritev_done(s, offset, ret);
     return ret < 0 ? ret : 0;
+}
+
+/* @nested: see xt_enter_nested() */
+int coroutine_fn GRAPH_RDLOCK
+xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
+           QEMUIOVector *qiov, size_t qiov_offset, bool nested)
+{
+    return xt_pwritev_flags(bs, offset, bytes, qiov, qiov_offset,
+                            nested ? XT_WRITE_NESTED : 0);
 }
 
 int coroutine_fn GRAPH_RDLOCK
@@ -587,7 +753,12 @@ int coroutine_fn GRAPH_RDLOCK xt_co_flush_to_os(BlockDriverState *bs)
     }
     ret = xt_enter(s);
     if (ret == 0) {
-        ret = xt_commit_locked(s);
+        /* the writes acknowledged before this flush are written first */
+        xt_wait_deferred_upto(s, s->deferred_seq);
+        ret = s->deferred_err;
+        if (ret == 0) {
+            ret = xt_commit_locked(s);
+        }
         if (ret == 0 && extree_changes_lost(s->t)) {
             /*
              * A rollback (out of space, xt_commit_locked()) dropped

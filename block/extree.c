@@ -371,6 +371,8 @@ static void xt_init_state(BlockDriverState *bs)
     qemu_co_queue_init(&s->replace_queue);
     qemu_co_queue_init(&s->idle_queue);
     qemu_co_queue_init(&s->mark_queue);
+    QLIST_INIT(&s->deferred_reqs);
+    qemu_co_queue_init(&s->deferred_queue);
     s->mark_batch = 1;
     QLIST_INIT(&s->alloc_reqs);
     QLIST_INIT(&s->node_reads);
