@@ -138,12 +138,29 @@ xt_write_mode(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
 static void coroutine_fn GRAPH_RDLOCK
 xt_mark_log(BDRVExtreeState *s, uint64_t start, uint64_t len)
 {
+    uint64_t gran = extree_mark_log_granule(s->t);
     uint64_t batch;
 
+    if (gran) {
+        /* as the record will: writes to one granule share a range */
+        uint64_t end = ROUND_UP(start + len, gran);
+
+        start = QEMU_ALIGN_DOWN(start, gran);
+        len = end - start;
+    }
+    for (unsigned i = 0; i < s->mark_npending; i++) {
+        ExtreeMarkRange *p = &s->mark_pending[i];
+
+        if (start >= p->start && start + len <= p->start + p->len) {
+            /* the next record holds it already: wait for that one */
+            goto queued;
+        }
+    }
     while (s->mark_npending == EXTREE_MARK_LOG_RANGES) {
         xt_queue_wait(s, &s->mark_queue);
     }
     s->mark_pending[s->mark_npending++] = (ExtreeMarkRange){ start, len };
+queued:
     batch = s->mark_batch;
     while (s->mark_done < batch) {
         ExtreeMarkRange r[EXTREE_MARK_LOG_RANGES];
@@ -464,8 +481,9 @@ xt_settle_range(BDRVExtreeState *s, uint64_t start, uint64_t end)
  * anyway; a flush waits for them (xt_co_flush_to_os()).  Bounded:
  */
 #define XT_DEFER_MAX_WRITE      (256 * KiB)     /* larger ones wait */
-#define XT_DEFER_MAX_BYTES      (32 * MiB)      /* data held at once */
-#define XT_DEFER_MAX_COUNT      4096            /* writes held at once */
+#define XT_DEFER_MAX_BYTES      (16 * MiB)      /* data held at once */
+/* writes held at once: two records' worth (one written, one filling) */
+#define XT_DEFER_MAX_COUNT      (2 * EXTREE_MARK_LOG_RANGES)
 
 typedef struct XtDeferredWrite {
     BlockReq req;               /* in s->deferred_reqs until written */

@@ -4,12 +4,15 @@
 #
 #   scripts/ab-qsd-fio.sh DIR ROUNDS FIO_ARGS...
 #
-# DIR holds qsd-before, qsd-after (binaries) and img-before, img-after
+# DIR holds qsd-before, qsd-after and qemu-img (binaries) and img-before, img-after
 # (copies of one image).  Each run starts a fresh server (cold node cache),
 # runs fio's nbd engine (random 4 KiB writes, depth 16, fsync at the end)
 # with FIO_ARGS and the round's seed, and prints "round N VARIANT IOPS";
 # the order of the two alternates every round.  XT_OPTS: driver options
-# appended to the extree blockdev (e.g. ",cache-size=64M").
+# appended to the extree blockdev (e.g. ",cache-size=64M").  XT_BITMAP=1:
+# before each run, a new enabled bitmap "ab" (64 KiB granules) replaces
+# the last one, so that every run's writes meet clean granules.  SEED:
+# the first round's seed (default 501).
 set -euo pipefail
 d=${1:?usage: ab-qsd-fio.sh DIR ROUNDS FIO_ARGS...}
 rounds=${2:?usage: ab-qsd-fio.sh DIR ROUNDS FIO_ARGS...}
@@ -20,6 +23,10 @@ for r in $(seq 1 "$rounds"); do
     for v in $order; do
         sock=$d/qsd-$v.sock
         rm -f "$sock"
+        if [ "${XT_BITMAP:-0}" = 1 ]; then
+            "$d/qemu-img" bitmap --remove "$d/img-$v" ab 2>/dev/null || true
+            "$d/qemu-img" bitmap --add -g 65536 "$d/img-$v" ab
+        fi
         "$d/qsd-$v" --blockdev "driver=file,node-name=file,filename=$d/img-$v,cache.direct=on,aio=native" \
             --blockdev "driver=extree,node-name=fmt,file=file${XT_OPTS:-}" \
             --nbd-server "addr.type=unix,addr.path=$sock" \
@@ -32,7 +39,7 @@ for r in $(seq 1 "$rounds"); do
         done
         iops=$(fio --name=ab --ioengine=nbd --uri="nbd+unix:///fmt?socket=$sock" \
                    --rw=randwrite --bs=4k --iodepth=16 --end_fsync=1 \
-                   --randrepeat=0 --randseed=$((500 + r)) --output-format=json \
+                   --randrepeat=0 --randseed=$((${SEED:-501} - 1 + r)) --output-format=json \
                    "$@" 2>/dev/null |
                python3 -c 'import json, sys
 t = sys.stdin.read()

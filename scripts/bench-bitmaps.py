@@ -43,8 +43,11 @@ reversed every other round), medians:
          by qemu-img bitmap --add just before the run (freshly cleared)
          and removed after it, against none; end_fsync=1, so the commit
          of the marks is inside the run.  "flush": as sparse, a fifth of
-         the writes, a flush after every 16 (fio --fsync=16): each flush
-         is a commit for extree.  IOPS = writes / fio's runtime.
+         the writes, a flush after every 16 (fio --fsync=16).  "sync-d1",
+         "sync-d16": the database case, a new empty 4 GiB image each run,
+         --write-ios / 25 random 4 KiB writes each followed by a flush
+         (fio --fsync=1) at depth 1 and 16.  IOPS = writes / fio's
+         runtime.
   map    (b) qemu-nbd -r -f FMT -B b0 --persistent W (4 bitmaps), then
          one nbdinfo --map=qemu:dirty-bitmap:b0: the server's user+sys
          CPU time across that call (its threads' /proc/.../schedstat) and
@@ -689,6 +692,39 @@ def measure_write(b, a, fmt, n, lay, res):
                     note="IOPS with the mark log / without, one enabled "
                          "bitmap, round by round")
     log(f"  {fmt}: check after the writes: {check_image(b, fmt, n)}")
+    measure_sync(b, a, fmt, res)
+
+
+def measure_sync(b, a, fmt, res):
+    """The database case: a new empty image (4 GiB) each run, random 4 KiB
+    writes each followed by a flush (fio --fsync=1) at depth 1 and 16,
+    with one enabled bitmap and without"""
+    e = os.path.join(a.dir, f"sync.{fmt}")
+    n_ios = max(a.write_ios // 25, 200)
+    variants = ["bitmap", "none"]
+    seeds = iter(range(3000, 4000))
+    for depth in (1, 16):
+        jname = f"sync-d{depth}"
+        job = [f"--size={4 * GiB}", f"--io_size={n_ios * 4 * KiB}",
+               "--fsync=1", f"--iodepth={depth}"]
+        r = {v: [] for v in variants}
+        for rep in range(a.runs):
+            seed = next(seeds)
+            k = rep % len(variants)
+            for v in variants[k:] + variants[:k]:
+                rm_f(e)
+                run([b["qemu-img"], "create", "-q", "-f", FORMATS[fmt][0]]
+                    + FORMATS[fmt][1] + [e, str(4 * GiB)])
+                if v != "none":
+                    bitmap_cmd(b, fmt, e, "--add", "c", a.granularity)
+                # the job's --iodepth comes after fio_once's 16
+                r[v].append(fio_once(b, a, fmt, e, job, seed))
+        for v in variants:
+            res.add(jname, fmt, v, "IOPS", [x[0] for x in r[v]],
+                    cpu=[x[2] for x in r[v]],
+                    note=f"{r[v][0][1]} writes a run, a flush after each, "
+                         f"depth {depth}, empty image; cpu: the server's")
+    rm_f(e)
 
 
 def private_binaries(qemu, d):

@@ -219,6 +219,11 @@ void extree_mark_log_durable(Extree *t, const ExtreeMarkRange *r, unsigned n)
     }
 }
 
+uint64_t extree_mark_log_granule(Extree *t)
+{
+    return extree_bitmap_count(t) ? extree_bitmaps_min_granule(t) : 0;
+}
+
 bool extree_mark_log_checkpoint_wanted(const Extree *t)
 {
     return t->bm.dirty_logged && t->bm.log_ok &&

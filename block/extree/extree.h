@@ -750,6 +750,12 @@ int extree_mark_log_append(Extree *t, const ExtreeMarkRange *r, unsigned n,
 void extree_mark_log_durable(Extree *t, const ExtreeMarkRange *r,
                              unsigned n);
 /*
+ * The granule a record rounds its ranges out to (the finest enabled
+ * bitmap's), so that a caller gathering ranges for one record can merge
+ * those of one granule; 0 without bitmaps
+ */
+uint64_t extree_mark_log_granule(Extree *t);
+/*
  * Marks only the log holds: they do not make the handle dirty (a flush
  * needs no commit for them), but a commit should store them when the log
  * is half full (checkpoint_wanted), at the commit timer and at close:
