@@ -376,6 +376,12 @@ void xt_alloc_begin(BDRVExtreeState *s, BlockReq *req, uint64_t start,
 /* Let the waiters on @req go.  s->lock held. */
 void coroutine_fn xt_alloc_done(BlockReq *req);
 /*
+ * Wait until no deferred write (xt_defer_write()) overlaps guest [@start,
+ * @end) (UINT64_MAX: to the end).  s->lock held; dropped while waiting.
+ */
+void coroutine_fn xt_wait_deferred(BDRVExtreeState *s, uint64_t start,
+                                   uint64_t end);
+/*
  * Wait until no allocating write overlaps guest [start, end); true if it
  * waited.  s->lock held; dropped while waiting.
  */
@@ -431,12 +437,7 @@ xt_query(BDRVExtreeState *s, ExtreeCursor *c, uint64_t guest,
 int coroutine_fn GRAPH_RDLOCK
 xt_pwritev(BlockDriverState *bs, int64_t offset, int64_t bytes,
            QEMUIOVector *qiov, size_t qiov_offset, bool nested);
-/*
- * Wait until no deferred write overlaps guest [@start, @end) (UINT64_MAX:
- * to the end).  s->lock held; dropped while waiting.
- */
-void coroutine_fn xt_wait_deferred(BDRVExtreeState *s, uint64_t start,
-                                   uint64_t end);
+
 /*
  * The part of a write, guest [@offset, + @n), that falls into compressed
  * run @run: the unit is rewritten as data with it.  *@done: the part

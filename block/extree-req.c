@@ -210,6 +210,19 @@ void coroutine_fn xt_alloc_done(BlockReq *req)
 }
 
 /*
+ * Wait until no deferred write (extree-write.c) overlaps guest [start,
+ * end).  Called with s->lock held; drops it while waiting.
+ */
+void coroutine_fn xt_wait_deferred(BDRVExtreeState *s, uint64_t start,
+                                   uint64_t end)
+{
+    while (reqlist_wait_one(&s->deferred_reqs, start,
+                            xt_req_bytes(start, end), &s->lock)) {
+        /* look again: another may have come meanwhile */
+    }
+}
+
+/*
  * Wait until no allocating write overlaps guest [start, end).  Called with
  * s->lock held; drops it while waiting.  Returns true if it waited (the
  * caller's view of the mapping is stale then).

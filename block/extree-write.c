@@ -502,17 +502,6 @@ static int coroutine_fn GRAPH_RDLOCK
 xt_pwritev_flags(BlockDriverState *bs, int64_t offset, int64_t bytes,
                  QEMUIOVector *qiov, size_t qiov_offset, unsigned flags);
 
-void coroutine_fn xt_wait_deferred(BDRVExtreeState *s, uint64_t start,
-                                   uint64_t end)
-{
-    int64_t bytes = MIN(end, (uint64_t)INT64_MAX) -
-                    MIN(start, (uint64_t)INT64_MAX);
-
-    while (reqlist_wait_one(&s->deferred_reqs, start, bytes, &s->lock)) {
-        /* look again: another may have come meanwhile */
-    }
-}
-
 /*
  * Wait until every deferred write numbered up to @upto is written.
  * Called with s->lock held; drops it while waiting.
