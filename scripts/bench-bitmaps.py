@@ -47,7 +47,8 @@ reversed every other round), medians:
          "sync-d16": the database case, a new empty 4 GiB image each run,
          --write-ios / 25 random 4 KiB writes each followed by a flush
          (fio --fsync=1) at depth 1 and 16.  IOPS = writes / fio's
-         runtime.
+         runtime; "-meta": the bytes the server wrote besides the data
+         (its ru_oublock from wait4, its close included), per data byte.
   map    (b) qemu-nbd -r -f FMT -B b0 --persistent W (4 bitmaps), then
          one nbdinfo --map=qemu:dirty-bitmap:b0: the server's user+sys
          CPU time across that call (its threads' /proc/.../schedstat) and
@@ -398,14 +399,18 @@ def rm_f(path):
         pass
 
 
-def finish(proc, sock):
+def finish(proc, sock, written=None):
     """SIGTERM to a server, then its user+sys seconds (wait4) and what it
-    printed on stderr"""
+    printed on stderr; @written (a list): gets the bytes the server wrote
+    to storage, its whole life (ru_oublock, 512-byte units of the kernel's
+    write_bytes accounting, O_DIRECT writes included)"""
     if proc.returncode is None:
         proc.send_signal(signal.SIGTERM)
         _, status, ru = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         cpu = ru.ru_utime + ru.ru_stime
+        if written is not None:
+            written.append(ru.ru_oublock * 512)
     else:
         cpu = 0.0                           # reaped by poll(): it failed
     err = proc.stderr.read().decode(errors="replace").strip()
@@ -522,13 +527,16 @@ def fio_once(b, a, fmt, img, job, seed, opts=""):
                          f"{(r.stdout + r.stderr)[-600:]}")
     except (Failed, OSError, subprocess.TimeoutExpired) as e:
         server_failed(p, sock, e)
-    cpu = finish(p, sock)
+    written = []
+    cpu = finish(p, sock, written)
     out = r.stdout
     j = json.loads(out[out.index("{"):])["jobs"][0]
     ios, rt = j["write"]["total_ios"], j["job_runtime"] / 1000
     if j["error"] or not ios:
         raise Failed(f"fio against {img}: error {j['error']}, {ios} writes")
-    return ios / rt, ios, cpu, j.get("sync", {}).get("total_ios", 0)
+    # what the server wrote besides the data: metadata, records, bitmaps
+    meta = max(written[0] - ios * 4 * KiB, 0) / (ios * 4 * KiB)
+    return ios / rt, ios, cpu, j.get("sync", {}).get("total_ios", 0), meta
 
 
 # --- measures ---------------------------------------------------------
@@ -681,6 +689,10 @@ def measure_write(b, a, fmt, n, lay, res):
             res.add(f"write-{jname}", fmt, v, "IOPS", [x[0] for x in r[v]],
                     cpu=[x[2] for x in r[v]],
                     note=note + "; cpu: the server's")
+            res.add(f"write-{jname}", fmt, v + "-meta", "B/B",
+                    [x[4] for x in r[v]],
+                    note="bytes the server wrote besides the data, per "
+                         "data byte (ru_oublock, the close included)")
         res.add(f"write-{jname}", fmt, "ratio", "x",
                 ratios([x[0] for x in r["bitmap"]],
                        [x[0] for x in r["none"]]),
@@ -724,6 +736,9 @@ def measure_sync(b, a, fmt, res):
                     cpu=[x[2] for x in r[v]],
                     note=f"{r[v][0][1]} writes a run, a flush after each, "
                          f"depth {depth}, empty image; cpu: the server's")
+            res.add(jname, fmt, v + "-meta", "B/B", [x[4] for x in r[v]],
+                    note="bytes the server wrote besides the data, per "
+                         "data byte (ru_oublock, the close included)")
     rm_f(e)
 
 
