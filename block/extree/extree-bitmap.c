@@ -670,6 +670,7 @@ int extree_bitmap_add(Extree *t, const char *name, uint64_t granularity,
     uint64_t entry, need;
     int ret = extree_check_writable(t);
 
+    t->bm.unlogged = true;      /* no map record holds it */
     if (ret == 0) {
         ret = extree_bitmap_check_new(t, name, granularity, &why);
         g_free(why);
@@ -711,6 +712,7 @@ int extree_bitmap_remove(Extree *t, const char *name)
     ExtreeBitmap *bm;
     int ret = extree_check_writable(t);
 
+    t->bm.unlogged = true;      /* no map record holds it */
     if (ret < 0) {
         return ret;
     }
@@ -753,6 +755,7 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
     bool changed = false;
     int ret = extree_check_writable(t);
 
+    t->bm.unlogged = true;      /* no map record holds it */
     if (ret < 0) {
         return ret;
     }
