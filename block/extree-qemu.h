@@ -185,6 +185,16 @@ typedef struct BDRVExtreeState {
     uint64_t mark_batch, mark_done;
     bool mark_busy;
     CoQueue mark_queue;
+    /*
+     * Flushes waiting for deferred writes (xt_co_flush_to_os()): while
+     * there are any and the image has map records, a deferred write that
+     * has not yet taken a mark log record goes to new space with a map
+     * record instead, which the flush's own device flush makes durable
+     * (one device flush, where a record would cost another).  The flush
+     * writes the map records with the gate closed (xt_commit_or_log()).
+     * Protected by lock.
+     */
+    unsigned flush_waiting;
 
     /*
      * Deferred writes (xt_defer_write()): writes in place that wait only
@@ -401,6 +411,8 @@ void xt_core_trace(void *opaque, ExtreeTraceEvent ev, uint64_t a, uint64_t b,
 int coroutine_mixed_fn GRAPH_RDLOCK xt_commit_now(BDRVExtreeState *s);
 /* Commit through the gate.  Called with s->lock held; may drop it */
 int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s);
+int coroutine_fn GRAPH_RDLOCK xt_commit_or_log(BDRVExtreeState *s,
+                                               bool may_log);
 /* After a request changed the tree: commit soon.  s->lock held. */
 void coroutine_fn GRAPH_RDLOCK xt_update_done(BDRVExtreeState *s);
 

@@ -124,6 +124,12 @@ xt_write_mode(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     return ret;
 }
 
+/* A flush waits for deferred writes, which may move (flush_waiting) */
+static bool xt_move_wanted(BDRVExtreeState *s)
+{
+    return s->flush_waiting && extree_map_log_usable(s->t);
+}
+
 /*
  * Make the marks of guest [@start, + @len) durable through the mark log
  * (spec: Mark log), with those of every write that waits meanwhile in one
@@ -133,10 +139,12 @@ xt_write_mode(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
  * the writes it lets go in place); may drop and retake s->lock.  Returns
  * once the record that took the range is durable or failed: the caller
  * looks the range up again and writes in place only where the core now
- * allows it.
+ * allows it.  @may_move (a deferred write): returns true, without waiting
+ * for a record, once a flush waits for it and the image has map records
+ * (xt_move_wanted()): the caller writes it to new space instead.
  */
-static void coroutine_fn GRAPH_RDLOCK
-xt_mark_log(BDRVExtreeState *s, uint64_t start, uint64_t len)
+static bool coroutine_fn GRAPH_RDLOCK
+xt_mark_log(BDRVExtreeState *s, uint64_t start, uint64_t len, bool may_move)
 {
     uint64_t gran = extree_mark_log_granule(s->t);
     uint64_t batch;
@@ -169,6 +177,15 @@ queued:
         unsigned n;
         int ret;
 
+        if (may_move && xt_move_wanted(s)) {
+            /*
+             * A flush waits for this deferred write: a map record that
+             * its device flush makes durable costs less than a record of
+             * its own and its flush (the range, if pending still, only
+             * marks a granule more)
+             */
+            return true;
+        }
         if (s->mark_busy) {
             xt_queue_wait(s, &s->mark_queue);
             continue;
@@ -211,6 +228,7 @@ queued:
         s->mark_busy = false;
         qemu_co_queue_restart_all(&s->mark_queue);
     }
+    return false;
 }
 
 /*
@@ -240,6 +258,8 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     uint8_t *head_buf = NULL, *tail_buf = NULL, *crypt_buf = NULL;
     BlockReq req;
     QEMUIOVector hd_qiov;
+    uint32_t csum = 0;
+    bool logged;
     int ret;
 
     if (xt_find_alloc(s, start, end)) {
@@ -257,6 +277,8 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     xt_grow_file(s, host + got);
     pend = start + got;
     xt_alloc_begin(s, &req, start, pend);
+    /* its mapping may go into a map record instead of a commit */
+    logged = extree_map_log_usable(s->t);
     qemu_co_mutex_unlock(&s->lock);
 
     head = offset - start;
@@ -295,13 +317,23 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
         BLKDBG_CO_EVENT(bs->file, BLKDBG_WRITE_AIO);
         ret = bdrv_co_pwritev(bs->file, host, got, &hd_qiov, 0);
     }
+    if (ret == 0 && logged) {
+        /* the record's checksum of the host bytes: a replay checks them */
+        for (int i = 0; i < hd_qiov.niov; i++) {
+            csum = extree_crc32c(csum, hd_qiov.iov[i].iov_base,
+                                 hd_qiov.iov[i].iov_len);
+        }
+    }
     qemu_iovec_destroy(&hd_qiov);
     qemu_vfree(head_buf);
     qemu_vfree(tail_buf);
     qemu_vfree(crypt_buf);
 
     xt_lock(s);
-    if (ret == 0) {
+    if (ret == 0 && logged) {
+        /* The data is written: now the mapping may reach a record */
+        ret = extree_map_data_logged(s->t, start, got, host, csum);
+    } else if (ret == 0) {
         /* The data is written: now the mapping may reach a commit */
         ret = extree_map_data(s->t, start, got, host);
     }
@@ -607,7 +639,7 @@ xt_pwritev_flags(BlockDriverState *bs, int64_t offset, int64_t bytes,
                  QEMUIOVector *qiov, size_t qiov_offset, unsigned flags)
 {
     BDRVExtreeState *s = bs->opaque;
-    bool committed = false, in_place, logged;
+    bool committed = false, in_place, logged, move = false;
     bool first = true;
     ExtreeCursor cur;
     int ret = 0;
@@ -643,12 +675,14 @@ xt_pwritev_flags(BlockDriverState *bs, int64_t offset, int64_t bytes,
                 break;
             }
         }
-        if (!in_place && !logged && run.type == EXTREE_RUN_DATA) {
+        if (!in_place && !logged && !move && run.type == EXTREE_RUN_DATA) {
             uint64_t bsz = s->block_size;
             uint64_t start = QEMU_ALIGN_DOWN(offset, bsz);
             uint64_t end = ROUND_UP(offset + n, bsz);
 
             if (extree_mark_log_wanted(s->t, &run, start, end - start)) {
+                bool deferred = flags & XT_WRITE_DEFERRED;
+
                 if (first && !flags && n == bytes &&
                     xt_defer_write(s, offset, n, qiov, qiov_offset)) {
                     xt_io_end(s);
@@ -662,10 +696,14 @@ xt_pwritev_flags(BlockDriverState *bs, int64_t offset, int64_t bytes,
                  * lock was dropped).  Once a request, so that a record
                  * that did not help leaves it to the allocating path.
                  */
-                xt_mark_log(s, start, end - start);
-                logged = true;
-                xt_io_end(s);
-                continue;
+                if (deferred && xt_move_wanted(s)) {
+                    move = true;
+                } else {
+                    move = xt_mark_log(s, start, end - start, deferred);
+                    logged = true;
+                    xt_io_end(s);
+                    continue;
+                }
             }
         }
         if (in_place) {
@@ -760,11 +798,17 @@ int coroutine_fn GRAPH_RDLOCK xt_co_flush_to_os(BlockDriverState *bs)
     }
     ret = xt_enter(s);
     if (ret == 0) {
-        /* the writes acknowledged before this flush are written first */
+        /*
+         * the writes acknowledged before this flush are written first;
+         * those still waiting for a mark log record may move now
+         */
+        s->flush_waiting++;
+        qemu_co_queue_restart_all(&s->mark_queue);
         xt_wait_deferred_upto(s, s->deferred_seq);
+        s->flush_waiting--;
         ret = s->deferred_err;
         if (ret == 0) {
-            ret = xt_commit_locked(s);
+            ret = xt_commit_or_log(s, true);
         }
         if (ret == 0 && extree_changes_lost(s->t)) {
             /*

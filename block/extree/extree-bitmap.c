@@ -755,7 +755,6 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
     bool changed = false;
     int ret = extree_check_writable(t);
 
-    t->bm.unlogged = true;      /* no map record holds it */
     if (ret < 0) {
         return ret;
     }
@@ -827,6 +826,8 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
         changed = true;
     }
     if (changed) {
+        /* no map record holds it (a sync that changes nothing needs none) */
+        t->bm.unlogged = true;
         extree_bm_changed(t);
     }
     extree_trace(t, EXTREE_TRACE_BITMAP_SYNC, i, bm->count, changed);

@@ -55,9 +55,8 @@ static inline void ext_st32(uint8_t *p, uint32_t v)
     memcpy(p, &v, 4);
 }
 
-/* ---- crc32c (extree-crc32c.c) ---- */
+/* ---- crc32c (extree-crc32c.c; extree_crc32c() in extree.h) ---- */
 
-uint32_t extree_crc32c(uint32_t crc, const void *buf, size_t len);
 /*
  * The table version on any CPU, for tests/unit/test-crc32c.c: where
  * extree_crc32c() uses the crc32 instruction the tables are still tested

@@ -794,6 +794,8 @@ typedef struct ExtreeMapEntry {
     uint64_t guest, host, length;
     uint32_t csum;
 } ExtreeMapEntry;
+/* CRC-32C as the format uses it: crc(A B) = extree_crc32c(crc(A), B) */
+uint32_t extree_crc32c(uint32_t crc, const void *buf, size_t len);
 bool extree_map_log_usable(Extree *t);
 int extree_map_data_logged(Extree *t, uint64_t guest, uint64_t bytes,
                            uint64_t host, uint32_t csum);
