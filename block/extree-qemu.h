@@ -185,16 +185,6 @@ typedef struct BDRVExtreeState {
     uint64_t mark_batch, mark_done;
     bool mark_busy;
     CoQueue mark_queue;
-    /*
-     * Flushes waiting for deferred writes (xt_co_flush_to_os()): while
-     * there are any and the image has map records, a deferred write that
-     * has not yet taken a mark log record goes to new space with a map
-     * record instead, which the flush's own device flush makes durable
-     * (one device flush, where a record would cost another).  The flush
-     * writes the map records with the gate closed (xt_commit_or_log()).
-     * Protected by lock.
-     */
-    unsigned flush_waiting;
 
     /*
      * Deferred writes (xt_defer_write()): writes in place that wait only

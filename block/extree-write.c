@@ -124,12 +124,6 @@ xt_write_mode(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     return ret;
 }
 
-/* A flush waits for deferred writes, which may move (flush_waiting) */
-static bool xt_move_wanted(BDRVExtreeState *s)
-{
-    return s->flush_waiting && extree_map_log_usable(s->t);
-}
-
 /*
  * Make the marks of guest [@start, + @len) durable through the mark log
  * (spec: Mark log), with those of every write that waits meanwhile in one
@@ -139,12 +133,10 @@ static bool xt_move_wanted(BDRVExtreeState *s)
  * the writes it lets go in place); may drop and retake s->lock.  Returns
  * once the record that took the range is durable or failed: the caller
  * looks the range up again and writes in place only where the core now
- * allows it.  @may_move (a deferred write): returns true, without waiting
- * for a record, once a flush waits for it and the image has map records
- * (xt_move_wanted()): the caller writes it to new space instead.
+ * allows it.
  */
-static bool coroutine_fn GRAPH_RDLOCK
-xt_mark_log(BDRVExtreeState *s, uint64_t start, uint64_t len, bool may_move)
+static void coroutine_fn GRAPH_RDLOCK
+xt_mark_log(BDRVExtreeState *s, uint64_t start, uint64_t len)
 {
     uint64_t gran = extree_mark_log_granule(s->t);
     uint64_t batch;
@@ -177,15 +169,6 @@ queued:
         unsigned n;
         int ret;
 
-        if (may_move && xt_move_wanted(s)) {
-            /*
-             * A flush waits for this deferred write: a map record that
-             * its device flush makes durable costs less than a record of
-             * its own and its flush (the range, if pending still, only
-             * marks a granule more)
-             */
-            return true;
-        }
         if (s->mark_busy) {
             xt_queue_wait(s, &s->mark_queue);
             continue;
@@ -228,7 +211,6 @@ queued:
         s->mark_busy = false;
         qemu_co_queue_restart_all(&s->mark_queue);
     }
-    return false;
 }
 
 /*
@@ -639,7 +621,7 @@ xt_pwritev_flags(BlockDriverState *bs, int64_t offset, int64_t bytes,
                  QEMUIOVector *qiov, size_t qiov_offset, unsigned flags)
 {
     BDRVExtreeState *s = bs->opaque;
-    bool committed = false, in_place, logged, move = false;
+    bool committed = false, in_place, logged;
     bool first = true;
     ExtreeCursor cur;
     int ret = 0;
@@ -675,14 +657,12 @@ xt_pwritev_flags(BlockDriverState *bs, int64_t offset, int64_t bytes,
                 break;
             }
         }
-        if (!in_place && !logged && !move && run.type == EXTREE_RUN_DATA) {
+        if (!in_place && !logged && run.type == EXTREE_RUN_DATA) {
             uint64_t bsz = s->block_size;
             uint64_t start = QEMU_ALIGN_DOWN(offset, bsz);
             uint64_t end = ROUND_UP(offset + n, bsz);
 
             if (extree_mark_log_wanted(s->t, &run, start, end - start)) {
-                bool deferred = flags & XT_WRITE_DEFERRED;
-
                 if (first && !flags && n == bytes &&
                     xt_defer_write(s, offset, n, qiov, qiov_offset)) {
                     xt_io_end(s);
@@ -696,14 +676,10 @@ xt_pwritev_flags(BlockDriverState *bs, int64_t offset, int64_t bytes,
                  * lock was dropped).  Once a request, so that a record
                  * that did not help leaves it to the allocating path.
                  */
-                if (deferred && xt_move_wanted(s)) {
-                    move = true;
-                } else {
-                    move = xt_mark_log(s, start, end - start, deferred);
-                    logged = true;
-                    xt_io_end(s);
-                    continue;
-                }
+                xt_mark_log(s, start, end - start);
+                logged = true;
+                xt_io_end(s);
+                continue;
             }
         }
         if (in_place) {
@@ -798,16 +774,11 @@ int coroutine_fn GRAPH_RDLOCK xt_co_flush_to_os(BlockDriverState *bs)
     }
     ret = xt_enter(s);
     if (ret == 0) {
-        /*
-         * the writes acknowledged before this flush are written first;
-         * those still waiting for a mark log record may move now
-         */
-        s->flush_waiting++;
-        qemu_co_queue_restart_all(&s->mark_queue);
+        /* the writes acknowledged before this flush are written first */
         xt_wait_deferred_upto(s, s->deferred_seq);
-        s->flush_waiting--;
         ret = s->deferred_err;
         if (ret == 0) {
+            /* a commit, or map records where they hold every change */
             ret = xt_commit_or_log(s, true);
         }
         if (ret == 0 && extree_changes_lost(s->t)) {
