@@ -237,7 +237,7 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     uint64_t start = QEMU_ALIGN_DOWN(offset, bsz);
     uint64_t end = ROUND_UP(offset + n, bsz);
     uint64_t host, got, head, wlen, tail, pend;
-    uint8_t *head_buf = NULL, *tail_buf = NULL, *crypt_buf = NULL;
+    uint8_t *head_buf = NULL, *tail_buf = NULL, *whole_buf = NULL;
     BlockReq req;
     QEMUIOVector hd_qiov;
     uint32_t csum = 0;
@@ -282,34 +282,38 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
         ret = xt_read_old(s, run, offset + wlen, tail, vsize, tail_buf);
         qemu_iovec_add(&hd_qiov, tail_buf, tail);
     }
-    if (ret == 0 && s->crypto) {
-        /* the whole of the new blocks, encrypted at their guest offset */
-        crypt_buf = qemu_try_blockalign(bs->file->bs, got);
-        ret = crypt_buf ? 0 : -ENOMEM;
+    if (ret == 0 && (s->crypto || logged)) {
+        /*
+         * The whole of the new blocks in one buffer: encrypted at their
+         * guest offset; for a map record, a copy, so that the checksum is
+         * of what is written even if the guest changes its buffer while
+         * the write is in flight (a replay would end the chain there)
+         */
+        whole_buf = qemu_try_blockalign(bs->file->bs, got);
+        ret = whole_buf ? 0 : -ENOMEM;
         if (ret == 0) {
-            qemu_iovec_to_buf(&hd_qiov, 0, crypt_buf, got);
-            ret = xt_crypt(s, true, start, crypt_buf, got);
+            qemu_iovec_to_buf(&hd_qiov, 0, whole_buf, got);
+        }
+        if (ret == 0 && s->crypto) {
+            ret = xt_crypt(s, true, start, whole_buf, got);
         }
         if (ret == 0) {
             qemu_iovec_reset(&hd_qiov);
-            qemu_iovec_add(&hd_qiov, crypt_buf, got);
+            qemu_iovec_add(&hd_qiov, whole_buf, got);
+        }
+        if (ret == 0 && logged) {
+            /* the record's checksum of the host bytes: a replay checks it */
+            csum = extree_crc32c(0, whole_buf, got);
         }
     }
     if (ret == 0) {
         BLKDBG_CO_EVENT(bs->file, BLKDBG_WRITE_AIO);
         ret = bdrv_co_pwritev(bs->file, host, got, &hd_qiov, 0);
     }
-    if (ret == 0 && logged) {
-        /* the record's checksum of the host bytes: a replay checks them */
-        for (int i = 0; i < hd_qiov.niov; i++) {
-            csum = extree_crc32c(csum, hd_qiov.iov[i].iov_base,
-                                 hd_qiov.iov[i].iov_len);
-        }
-    }
     qemu_iovec_destroy(&hd_qiov);
     qemu_vfree(head_buf);
     qemu_vfree(tail_buf);
-    qemu_vfree(crypt_buf);
+    qemu_vfree(whole_buf);
 
     xt_lock(s);
     if (ret == 0 && logged) {
