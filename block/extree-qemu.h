@@ -401,6 +401,8 @@ void xt_core_trace(void *opaque, ExtreeTraceEvent ev, uint64_t a, uint64_t b,
 int coroutine_mixed_fn GRAPH_RDLOCK xt_commit_now(BDRVExtreeState *s);
 /* Commit through the gate.  Called with s->lock held; may drop it */
 int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s);
+int coroutine_fn GRAPH_RDLOCK xt_commit_or_log(BDRVExtreeState *s,
+                                               bool may_log);
 /* After a request changed the tree: commit soon.  s->lock held. */
 void coroutine_fn GRAPH_RDLOCK xt_update_done(BDRVExtreeState *s);
 

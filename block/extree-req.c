@@ -270,11 +270,51 @@ xt_commit_now(BDRVExtreeState *s)
 }
 
 /*
+ * The map records of the entries waiting (spec: Mark log, map records),
+ * written with the gate closed: no record write is in flight (a writer of
+ * one holds its request counted), so the chain is written in slot order,
+ * and no commit runs before the write is done.  The caller's flush of
+ * bs->file makes them durable with the data they map.  -ENOSPC: the log
+ * has no room, commit instead.  Called with s->lock held; drops it.
+ */
+static int coroutine_fn GRAPH_RDLOCK xt_map_log_write(BDRVExtreeState *s)
+{
+    uint64_t off, len;
+    uint8_t *rec;
+    void *buf;
+    int ret = extree_map_log_records(s->t, &rec, &off, &len);
+
+    if (ret < 0 || !len) {
+        return ret;
+    }
+    buf = qemu_blockalign(s->bs->file->bs, len);
+    memcpy(buf, rec, len);
+    g_free(rec);
+    qemu_co_mutex_unlock(&s->lock);
+    ret = bdrv_co_pwrite(s->bs->file, off, len, buf, 0);
+    xt_lock(s);
+    qemu_vfree(buf);
+    if (ret < 0) {
+        extree_map_log_failed(s->t);
+    }
+    trace_extree_map_log_write(s, off, len, ret);
+    return ret;
+}
+
+/*
  * Commit the transaction: waits until no request is between its lookup and
- * the end of its data I/O, holding new ones back meanwhile.
- * Called with s->lock held; may drop and retake it.
+ * the end of its data I/O, holding new ones back meanwhile.  @may_log (a
+ * flush): if map records hold every change since the last commit, write
+ * the waiting ones instead.  Called with s->lock held; may drop and
+ * retake it.
  */
 int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s)
+{
+    return xt_commit_or_log(s, false);
+}
+
+int coroutine_fn GRAPH_RDLOCK xt_commit_or_log(BDRVExtreeState *s,
+                                               bool may_log)
 {
     bool bitmaps;
     int ret = 0, rollback;
@@ -302,6 +342,12 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_locked(BDRVExtreeState *s)
     }
     if (!extree_is_dirty(s->t)) {
         goto out;
+    }
+    if (may_log && extree_map_log_sync_wanted(s->t)) {
+        ret = xt_map_log_write(s);
+        if (ret != -ENOSPC) {
+            goto out;
+        }
     }
     /* the free-space tree's nodes are allocated now */
     xt_grow_before_nodes(s, 0);

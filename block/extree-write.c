@@ -237,9 +237,11 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     uint64_t start = QEMU_ALIGN_DOWN(offset, bsz);
     uint64_t end = ROUND_UP(offset + n, bsz);
     uint64_t host, got, head, wlen, tail, pend;
-    uint8_t *head_buf = NULL, *tail_buf = NULL, *crypt_buf = NULL;
+    uint8_t *head_buf = NULL, *tail_buf = NULL, *whole_buf = NULL;
     BlockReq req;
     QEMUIOVector hd_qiov;
+    uint32_t csum = 0;
+    bool logged;
     int ret;
 
     if (xt_find_alloc(s, start, end)) {
@@ -257,6 +259,8 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     xt_grow_file(s, host + got);
     pend = start + got;
     xt_alloc_begin(s, &req, start, pend);
+    /* its mapping may go into a map record instead of a commit */
+    logged = extree_map_log_usable(s->t);
     qemu_co_mutex_unlock(&s->lock);
 
     head = offset - start;
@@ -278,17 +282,28 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
         ret = xt_read_old(s, run, offset + wlen, tail, vsize, tail_buf);
         qemu_iovec_add(&hd_qiov, tail_buf, tail);
     }
-    if (ret == 0 && s->crypto) {
-        /* the whole of the new blocks, encrypted at their guest offset */
-        crypt_buf = qemu_try_blockalign(bs->file->bs, got);
-        ret = crypt_buf ? 0 : -ENOMEM;
+    if (ret == 0 && (s->crypto || logged)) {
+        /*
+         * The whole of the new blocks in one buffer: encrypted at their
+         * guest offset; for a map record, a copy, so that the checksum is
+         * of what is written even if the guest changes its buffer while
+         * the write is in flight (a replay would end the chain there)
+         */
+        whole_buf = qemu_try_blockalign(bs->file->bs, got);
+        ret = whole_buf ? 0 : -ENOMEM;
         if (ret == 0) {
-            qemu_iovec_to_buf(&hd_qiov, 0, crypt_buf, got);
-            ret = xt_crypt(s, true, start, crypt_buf, got);
+            qemu_iovec_to_buf(&hd_qiov, 0, whole_buf, got);
+        }
+        if (ret == 0 && s->crypto) {
+            ret = xt_crypt(s, true, start, whole_buf, got);
         }
         if (ret == 0) {
             qemu_iovec_reset(&hd_qiov);
-            qemu_iovec_add(&hd_qiov, crypt_buf, got);
+            qemu_iovec_add(&hd_qiov, whole_buf, got);
+        }
+        if (ret == 0 && logged) {
+            /* the record's checksum of the host bytes: a replay checks it */
+            csum = extree_crc32c(0, whole_buf, got);
         }
     }
     if (ret == 0) {
@@ -298,10 +313,13 @@ xt_alloc_write(BDRVExtreeState *s, const ExtreeRun *run, uint64_t offset,
     qemu_iovec_destroy(&hd_qiov);
     qemu_vfree(head_buf);
     qemu_vfree(tail_buf);
-    qemu_vfree(crypt_buf);
+    qemu_vfree(whole_buf);
 
     xt_lock(s);
-    if (ret == 0) {
+    if (ret == 0 && logged) {
+        /* The data is written: now the mapping may reach a record */
+        ret = extree_map_data_logged(s->t, start, got, host, csum);
+    } else if (ret == 0) {
         /* The data is written: now the mapping may reach a commit */
         ret = extree_map_data(s->t, start, got, host);
     }
@@ -764,7 +782,8 @@ int coroutine_fn GRAPH_RDLOCK xt_co_flush_to_os(BlockDriverState *bs)
         xt_wait_deferred_upto(s, s->deferred_seq);
         ret = s->deferred_err;
         if (ret == 0) {
-            ret = xt_commit_locked(s);
+            /* a commit, or map records where they hold every change */
+            ret = xt_commit_or_log(s, true);
         }
         if (ret == 0 && extree_changes_lost(s->t)) {
             /*

@@ -964,6 +964,8 @@ xt_get_specific_info(BlockDriverState *bs, Error **errp)
         x->mark_log = g_new0(ImageInfoSpecificExtreeMarkLog, 1);
         x->mark_log->length = li.length;
         x->mark_log->records = li.records;
+        x->mark_log->map_records = li.maps;
+        x->mark_log->replayed_map_entries = li.map_replayed;
     }
     if (s->crypto) {
         QCryptoBlockInfo *encrypt = qcrypto_block_get_info(s->crypto, errp);

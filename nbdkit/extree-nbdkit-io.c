@@ -427,6 +427,9 @@ static int xp_alloc_write(const ExtreeRun *run, uint64_t offset, uint64_t n,
     uint64_t end = XP_ROUND_UP(offset + n, bs);
     uint64_t host, got, head, wlen, tail, pend;
     uint8_t *edge = NULL, *zeroes = NULL;
+    /* the mapping may go into a map record: the checksum of its bytes */
+    bool logged = extree_map_log_usable(xp.t);
+    uint32_t csum = 0;
     int ret;
 
     ret = extree_alloc_data(xp.t, start, end - start, &host, &got);
@@ -442,27 +445,35 @@ static int xp_alloc_write(const ExtreeRun *run, uint64_t offset, uint64_t n,
     if (head) {
         ret = xp_read_old(run, start, head, edge);
         if (ret == 0) {
+            csum = extree_crc32c(csum, edge, head);
             ret = xp_pwrite_full(edge, head, host);
         }
     }
     if (ret == 0 && data) {
+        csum = extree_crc32c(csum, data, wlen);
         ret = xp_pwrite_full(data, wlen, host + head);
     } else if (ret == 0) {
         zeroes = g_malloc0(XP_MIN(wlen, XP_ZERO_BUF));
         for (uint64_t w = 0; w < wlen && ret == 0; w += XP_ZERO_BUF) {
-            ret = xp_pwrite_full(zeroes, XP_MIN(wlen - w, XP_ZERO_BUF),
-                                 host + head + w);
+            uint64_t k = XP_MIN(wlen - w, XP_ZERO_BUF);
+
+            csum = extree_crc32c(csum, zeroes, k);
+            ret = xp_pwrite_full(zeroes, k, host + head + w);
         }
     }
     if (ret == 0 && tail) {
         ret = xp_read_old(run, offset + wlen, tail, edge);
         if (ret == 0) {
+            csum = extree_crc32c(csum, edge, tail);
             ret = xp_pwrite_full(edge, tail, host + head + wlen);
         }
     }
     g_free(edge);
     g_free(zeroes);
-    if (ret == 0) {
+    if (ret == 0 && logged) {
+        /* the data is written: now the mapping may reach a record */
+        ret = extree_map_data_logged(xp.t, start, got, host, csum);
+    } else if (ret == 0) {
         /* the data is written: now the mapping may reach a commit */
         ret = extree_map_data(xp.t, start, got, host);
     }
@@ -567,15 +578,45 @@ static int xp_write_locked(const uint8_t *data, uint64_t count,
 }
 
 /*
- * FUA: a commit if metadata changed, else a flush of the data.  After a
- * rollback dropped writes that may have been acknowledged, every flush
- * fails until the image is opened again (extree_changes_lost())
+ * Map records hold every change since the commit (spec: Mark log, map
+ * records): the waiting ones written, with no request in flight (a mark
+ * log record's writer holds its request counted, so the chain is written
+ * in slot order), then a flush of the data and the records.  A commit
+ * instead if the log filled.  xp.lock held.
+ */
+static int xp_map_log_locked(void)
+{
+    int ret;
+
+    xp.commit_waiting++;
+    while (xp.inflight > 0) {
+        pthread_cond_wait(&xp.cond, &xp.lock);
+    }
+    ret = extree_map_log_sync(xp.t);
+    xp.commit_waiting--;
+    pthread_cond_broadcast(&xp.cond);
+    if (ret == -ENOSPC) {
+        return xp_commit_locked();
+    }
+    if (ret == 0) {
+        ret = fdatasync(xp.fd) < 0 ? -errno : 0;
+    }
+    return ret;
+}
+
+/*
+ * FUA: a commit if metadata changed (map records if they hold it), else a
+ * flush of the data.  After a rollback dropped writes that may have been
+ * acknowledged, every flush fails until the image is opened again
+ * (extree_changes_lost())
  */
 static int xp_fua_locked(void)
 {
     int ret;
 
-    if (extree_is_dirty(xp.t)) {
+    if (extree_is_dirty(xp.t) && extree_map_log_sync_wanted(xp.t)) {
+        ret = xp_map_log_locked();
+    } else if (extree_is_dirty(xp.t)) {
         ret = xp_commit_locked();
     } else {
         ret = fdatasync(xp.fd) < 0 ? -errno : 0;

@@ -4,14 +4,17 @@
 #
 #   scripts/ab-qsd-fio.sh DIR ROUNDS FIO_ARGS...
 #
-# DIR holds qsd-before, qsd-after and qemu-img (binaries) and img-before, img-after
-# (copies of one image).  Each run starts a fresh server (cold node cache),
+# DIR holds qsd-before, qsd-after and qemu-img (binaries; qemu-img-before
+# and qemu-img-after instead where a format change keeps the older one from
+# opening the newer's image) and img-before, img-after (copies of one image).  Each run starts a fresh server (cold node cache),
 # runs fio's nbd engine (random 4 KiB writes, depth 16, fsync at the end)
 # with FIO_ARGS and the round's seed, and prints "round N VARIANT IOPS";
 # the order of the two alternates every round.  XT_OPTS: driver options
 # appended to the extree blockdev (e.g. ",cache-size=64M").  XT_BITMAP=1:
 # before each run, a new enabled bitmap "ab" (64 KiB granules) replaces
-# the last one, so that every run's writes meet clean granules.  SEED:
+# the last one, so that every run's writes meet clean granules.
+# XT_FRESH=SIZE: a new empty image of SIZE before each run (the database
+# case).  SEED:
 # the first round's seed (default 501).
 set -euo pipefail
 d=${1:?usage: ab-qsd-fio.sh DIR ROUNDS FIO_ARGS...}
@@ -23,9 +26,16 @@ for r in $(seq 1 "$rounds"); do
     for v in $order; do
         sock=$d/qsd-$v.sock
         rm -f "$sock"
+        # qemu-img-before/-after where the two differ in format
+        img=$d/qemu-img
+        [ -x "$d/qemu-img-$v" ] && img=$d/qemu-img-$v
+        if [ -n "${XT_FRESH:-}" ]; then
+            rm -f "$d/img-$v"
+            "$img" create -q -f extree "$d/img-$v" "$XT_FRESH"
+        fi
         if [ "${XT_BITMAP:-0}" = 1 ]; then
-            "$d/qemu-img" bitmap --remove "$d/img-$v" ab 2>/dev/null || true
-            "$d/qemu-img" bitmap --add -g 65536 "$d/img-$v" ab
+            "$img" bitmap --remove "$d/img-$v" ab 2>/dev/null || true
+            "$img" bitmap --add -g 65536 "$d/img-$v" ab
         fi
         "$d/qsd-$v" --blockdev "driver=file,node-name=file,filename=$d/img-$v,cache.direct=on,aio=native" \
             --blockdev "driver=extree,node-name=fmt,file=file${XT_OPTS:-}" \

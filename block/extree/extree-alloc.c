@@ -568,6 +568,56 @@ uint64_t extree_alloc_take_at(Extree *t, uint64_t hint, uint64_t bytes)
 }
 
 /*
+ * A map record's replay (spec: Mark log, map records): [@start, + @len)
+ * becomes used as it was when the logged write allocated it, from the
+ * free space of the loaded state or past host_end (the file grew after
+ * the commit; the space between becomes free).  -EEXIST: part of it is in
+ * use or lies before the data area (the record lies).  O(log n) a range.
+ */
+int extree_alloc_claim(Extree *t, uint64_t start, uint64_t len)
+{
+    uint64_t end = start + len, lim, pos, at;
+
+    if (!len || start < t->data_start || end < start) {
+        return -EEXIST;
+    }
+    /* the caller loaded all free space (extree_freetree_load_rest()) */
+    if (t->space.alloc_partial) {
+        return -EINVAL;
+    }
+    lim = MIN(end, t->host_end);
+    if (end > t->host_end) {
+        uint64_t from = MAX(start, t->host_end);
+
+        if (start > t->host_end) {
+            uint64_t gap = start - t->host_end;
+
+            if (grow(t, gap, &at) < 0) {
+                return -ENOSPC;
+            }
+            extree_rs_add(&t->space.avail, at, gap);
+            log_op(t, at, gap, true);
+        }
+        if (grow(t, end - from, &at) < 0) {
+            return -ENOSPC;
+        }
+    }
+    for (pos = start; pos < lim; ) {
+        ExtreeRangeSet *set;
+        ExtreeRange *r = free_at(t, pos, &set);
+        uint64_t got;
+
+        if (!r) {
+            return -EEXIST;
+        }
+        got = MIN(lim, r->start + r->len) - pos;
+        take(t, set, pos, got);
+        pos += got;
+    }
+    return 0;
+}
+
+/*
  * Take the @bytes that end at @end if they are allocatable (data placed
  * right before its guest successor's extent)
  */

@@ -274,6 +274,18 @@ void extree_bitmaps_free(Extree *t)
     extree_rs_clear(&t->bm.logged);
     g_free(t->bm.log_bad);
     t->bm.log_bad = NULL;
+    if (t->bm.map_pending) {
+        g_array_free(t->bm.map_pending, true);
+        t->bm.map_pending = NULL;
+    }
+    if (t->bm.map_replay) {
+        g_array_free(t->bm.map_replay, true);
+        t->bm.map_replay = NULL;
+    }
+    extree_rs_clear(&t->bm.map_hosts);
+    t->bm.map_bytes = 0;
+    t->bm.map_replayed = 0;
+    t->bm.unlogged = t->bm.logging = false;
 }
 
 /* One entry at @p (@left bytes of the directory left); *@why on damage */

@@ -670,6 +670,7 @@ int extree_bitmap_add(Extree *t, const char *name, uint64_t granularity,
     uint64_t entry, need;
     int ret = extree_check_writable(t);
 
+    t->bm.unlogged = true;      /* no map record holds it */
     if (ret == 0) {
         ret = extree_bitmap_check_new(t, name, granularity, &why);
         g_free(why);
@@ -711,6 +712,7 @@ int extree_bitmap_remove(Extree *t, const char *name)
     ExtreeBitmap *bm;
     int ret = extree_check_writable(t);
 
+    t->bm.unlogged = true;      /* no map record holds it */
     if (ret < 0) {
         return ret;
     }
@@ -824,6 +826,8 @@ int extree_bitmap_sync(Extree *t, unsigned i, const uint8_t *buf,
         changed = true;
     }
     if (changed) {
+        /* no map record holds it (a sync that changes nothing needs none) */
+        t->bm.unlogged = true;
         extree_bm_changed(t);
     }
     extree_trace(t, EXTREE_TRACE_BITMAP_SYNC, i, bm->count, changed);

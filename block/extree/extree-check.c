@@ -863,6 +863,50 @@ static void sweep(CheckCtx *c, GArray *act, const Claim *cl)
         "owners", cl->start, ACTIVE_MAX);
 }
 
+/*
+ * The chain's map records that a read-only check did not apply
+ * (extree-txn.c, load_map_log()): a replay claims each host range, so it
+ * must be free in the committed state (or lie past its host_end) and
+ * apart from the others (spec: Mark log, map records).  After the claims
+ * are sorted: O(claims log entries).
+ */
+static void check_map_records(CheckCtx *c)
+{
+    GArray *a = c->t->bm.map_replay;
+    ExtreeRangeSet hosts = { 0 };
+    char name[128];
+
+    if (!a || !a->len) {
+        return;
+    }
+    for (guint i = 0; i < a->len; i++) {
+        ExtreeMapEntry *me = &g_array_index(a, ExtreeMapEntry, i);
+
+        if (extree_rs_overlaps(&hosts, me->host, me->length)) {
+            c->res->corruptions++;
+            c->log_bad = true;
+            say(c, "corrupt mark log at offset 0x%" PRIx64 ": map entry %u:"
+                " host offset 0x%" PRIx64 " mapped twice", c->t->bm.log, i,
+                me->host);
+            continue;
+        }
+        extree_rs_union(&hosts, me->host, me->length);
+    }
+    for (guint i = 0; i < c->claims->len; i++) {
+        const Claim *cl = &g_array_index(c->claims, Claim, i);
+
+        if (!free_side(cl) && extree_rs_overlaps(&hosts, cl->start,
+                                                 cl->len)) {
+            c->res->corruptions++;
+            c->log_bad = true;
+            say(c, "corrupt mark log at offset 0x%" PRIx64 ": a map entry's"
+                " host range overlaps %s at offset 0x%" PRIx64, c->t->bm.log,
+                claim_name(c, cl, name, sizeof(name)), cl->start);
+        }
+    }
+    extree_rs_clear(&hosts);
+}
+
 static void leak(CheckCtx *c, GArray *leaks, uint64_t start, uint64_t end)
 {
     Claim l = { .start = start, .len = end - start, .kind = CLAIM_FREE };
@@ -1134,6 +1178,7 @@ int extree_check_fix(Extree *t, unsigned fix, ExtreeCheckResult *res,
 
     /* Every block of [data_start, host_end) has exactly one owner */
     g_array_sort(c.claims, claim_cmp);
+    check_map_records(&c);
     pos = t->data_start;
     for (guint i = 0; i < c.claims->len; i++) {
         const Claim *cl = &g_array_index(c.claims, Claim, i);

@@ -881,7 +881,9 @@ int extree_in_place(Extree *t, const ExtreeRun *run, uint64_t guest,
         return 0;
     }
     ret = extree_data_shared(t, guest, bytes, host, &shared);
+    /* a map record's checksum covers these bytes until the commit */
     *in_place = ret == 0 && !shared &&
+                !extree_map_log_hosts(t, host, bytes) &&
                 (extree_data_fresh(t, host, bytes) ||
                  extree_bitmaps_in_place(t, guest, bytes));
     return ret;
@@ -894,7 +896,8 @@ bool extree_mark_log_wanted(Extree *t, const ExtreeRun *run, uint64_t guest,
     bool shared = true;
 
     if (run->type != EXTREE_RUN_DATA || !extree_bitmap_count(t) ||
-        !extree_mark_log_room(t) || extree_data_fresh(t, host, bytes)) {
+        !extree_mark_log_room(t) || extree_data_fresh(t, host, bytes) ||
+        extree_map_log_hosts(t, host, bytes)) {
         return false;
     }
     return extree_data_shared(t, guest, bytes, host, &shared) == 0 &&
@@ -906,6 +909,7 @@ int extree_free_data(Extree *t, uint64_t host, uint64_t bytes)
 {
     int ret = extree_check_writable(t);
 
+    t->bm.unlogged = true;      /* no map record holds it */
     if (ret < 0) {
         return ret;
     }

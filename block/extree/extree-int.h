@@ -55,9 +55,8 @@ static inline void ext_st32(uint8_t *p, uint32_t v)
     memcpy(p, &v, 4);
 }
 
-/* ---- crc32c (extree-crc32c.c) ---- */
+/* ---- crc32c (extree-crc32c.c; extree_crc32c() in extree.h) ---- */
 
-uint32_t extree_crc32c(uint32_t crc, const void *buf, size_t len);
 /*
  * The table version on any CPU, for tests/unit/test-crc32c.c: where
  * extree_crc32c() uses the crc32 instruction the tables are still tested
@@ -696,6 +695,25 @@ typedef struct ExtreeBitmaps {
     bool dirty_logged;
     uint32_t log_replayed;
     char *log_bad;
+    /*
+     * Map records (EXTREE_INCOMPAT_MAP_LOG): writes to new space whose
+     * data is written, their entries not yet in a record (ExtreeMapEntry,
+     * in write order); the host ranges that the chain's or those entries
+     * map, never written in place until a commit (a record's checksum
+     * must keep matching its data); the chain's entries read at the last
+     * load, applied once the allocator is loaded (@map_replay, freed
+     * then); the data bytes the chain maps (bounds a replay's reads); the
+     * running transaction changed something no record holds, so a flush
+     * must commit (@unlogged); an update made for a map entry is running
+     * (@logging: it does not set @unlogged).
+     * All under the caller's serialisation of the handle (extree.h).
+     */
+    GArray *map_pending;
+    ExtreeRangeSet map_hosts;
+    GArray *map_replay;
+    uint64_t map_bytes;
+    uint32_t map_replayed;
+    bool unlogged, logging;
 } ExtreeBitmaps;
 
 /* What a checker's handle found at open (extree-check.c) */
@@ -1039,6 +1057,7 @@ int extree_alloc_free(Extree *t, uint64_t start, uint64_t len, bool node);
 void extree_alloc_commit_done(Extree *t, GArray *freed);
 void extree_alloc_deferred(Extree *t, GArray *discard);
 uint64_t extree_alloc_take_at(Extree *t, uint64_t hint, uint64_t bytes);
+int extree_alloc_claim(Extree *t, uint64_t start, uint64_t len);
 bool extree_alloc_take_before(Extree *t, uint64_t end, uint64_t bytes);
 int extree_alloc_take_any(Extree *t, uint64_t bytes, uint64_t *host,
                           uint64_t *got);

@@ -58,12 +58,54 @@ static bool record_valid(const uint8_t *rec, uint64_t gen, uint32_t seq)
            ext_ld32(rec + LH_OFF(csum)) == record_csum(rec);
 }
 
-/* Why the ranges of a valid record cannot be (g_free()), NULL if they can */
-static char *record_bad(const uint8_t *rec, uint64_t data_end)
+/* Why the entries of a valid map record cannot be (g_free()), or NULL */
+static char *map_record_bad(const Extree *t, const uint8_t *rec,
+                            uint64_t data_end)
 {
     uint32_t count = ext_ld32(rec + LH_OFF(count));
+    const uint8_t *e = rec + sizeof(ExtreeDiskMarkLogHeader);
+    uint64_t bs = t->block_size;
+
+    if (count == 0 || count > EXTREE_MAP_LOG_ENTRIES) {
+        return g_strdup_printf("bad count %u (1 to %zu)", count,
+                               (size_t)EXTREE_MAP_LOG_ENTRIES);
+    }
+    for (uint32_t i = 0; i < count; i++, e += sizeof(ExtreeDiskMapLogEntry)) {
+        uint64_t guest = ext_ld64(e + offsetof(ExtreeDiskMapLogEntry, guest));
+        uint64_t host = ext_ld64(e + offsetof(ExtreeDiskMapLogEntry, host));
+        uint64_t len = ext_ld64(e + offsetof(ExtreeDiskMapLogEntry, length));
+        uint32_t rsv = ext_ld32(e + offsetof(ExtreeDiskMapLogEntry,
+                                             reserved));
+
+        if (len == 0 || len > EXTREE_MAP_LOG_MAX_ENTRY ||
+            !EXTREE_IS_ALIGNED(guest | host | len, bs) ||
+            guest >= data_end || len > data_end - guest ||
+            host < t->data_start || host > (uint64_t)INT64_MAX - len ||
+            rsv) {
+            return g_strdup_printf("entry %u: guest offset 0x%" PRIx64
+                                   " host offset 0x%" PRIx64 " length 0x%"
+                                   PRIx64 " is not whole blocks of the "
+                                   "virtual disk and the data area", i,
+                                   guest, host, len);
+        }
+    }
+    return NULL;
+}
+
+/* Why the ranges of a valid record cannot be (g_free()), NULL if they can */
+static char *record_bad(const Extree *t, const uint8_t *rec,
+                        uint64_t data_end)
+{
+    uint32_t count = ext_ld32(rec + LH_OFF(count));
+    uint32_t kind = ext_ld32(rec + LH_OFF(kind));
     const uint8_t *r = rec + sizeof(ExtreeDiskMarkLogHeader);
 
+    if (kind == EXTREE_LOG_MAPS && (t->incompat & EXTREE_INCOMPAT_MAP_LOG)) {
+        return map_record_bad(t, rec, data_end);
+    }
+    if (kind != EXTREE_LOG_MARKS) {
+        return g_strdup_printf("unknown kind %u", kind);
+    }
     if (count == 0 || count > EXTREE_MARK_LOG_RANGES) {
         return g_strdup_printf("bad count %u (1 to %zu)", count,
                                (size_t)EXTREE_MARK_LOG_RANGES);
@@ -81,6 +123,80 @@ static char *record_bad(const uint8_t *rec, uint64_t data_end)
     return NULL;
 }
 
+/*
+ * Is the data each entry of map record @rec names on the disk, as its
+ * checksum says?  Not: the write never became durable, and no flush
+ * covered it or anything logged after it (spec: Mark log, map records).
+ * The data must lie inside the backend (a crash may have lost the file's
+ * growth).  Reads every entry's data: O(bytes logged).
+ */
+static int map_record_durable(Extree *t, const uint8_t *rec, bool *durable)
+{
+    uint32_t count = ext_ld32(rec + LH_OFF(count));
+    const uint8_t *e = rec + sizeof(ExtreeDiskMarkLogHeader);
+    int64_t flen = t->be->ops->get_length(t->be->opaque);
+
+    *durable = true;
+    if (flen < 0) {
+        return flen;
+    }
+    for (uint32_t i = 0; i < count; i++, e += sizeof(ExtreeDiskMapLogEntry)) {
+        uint64_t host = ext_ld64(e + offsetof(ExtreeDiskMapLogEntry, host));
+        uint64_t len = ext_ld64(e + offsetof(ExtreeDiskMapLogEntry, length));
+        uint32_t want = ext_ld32(e + offsetof(ExtreeDiskMapLogEntry, csum));
+        uint8_t *data;
+        int ret;
+
+        if (host + len > (uint64_t)flen) {
+            *durable = false;
+            return 0;
+        }
+        data = g_try_malloc(len);
+        if (!data) {
+            return -ENOMEM;
+        }
+        ret = t->be->ops->pread(t->be->opaque, host, data, len);
+        if (ret == 0 && extree_crc32c(0, data, len) != want) {
+            *durable = false;
+        }
+        g_free(data);
+        if (ret < 0 || !*durable) {
+            return ret;
+        }
+    }
+    return 0;
+}
+
+/* Keep the entries of durable map record @rec for extree_map_log_apply() */
+static void map_record_keep(Extree *t, const uint8_t *rec)
+{
+    uint32_t count = ext_ld32(rec + LH_OFF(count));
+    const uint8_t *e = rec + sizeof(ExtreeDiskMarkLogHeader);
+
+    if (!t->bm.map_replay) {
+        t->bm.map_replay = g_array_new(false, false, sizeof(ExtreeMapEntry));
+    }
+    for (uint32_t i = 0; i < count; i++, e += sizeof(ExtreeDiskMapLogEntry)) {
+        ExtreeMapEntry me = {
+            .guest = ext_ld64(e + offsetof(ExtreeDiskMapLogEntry, guest)),
+            .host = ext_ld64(e + offsetof(ExtreeDiskMapLogEntry, host)),
+            .length = ext_ld64(e + offsetof(ExtreeDiskMapLogEntry, length)),
+            .csum = ext_ld32(e + offsetof(ExtreeDiskMapLogEntry, csum)),
+        };
+        g_array_append_val(t->bm.map_replay, me);
+    }
+}
+
+static void map_state_clear(Extree *t)
+{
+    if (t->bm.map_pending) {
+        g_array_set_size(t->bm.map_pending, 0);
+    }
+    extree_rs_clear(&t->bm.map_hosts);
+    t->bm.map_bytes = 0;
+    t->bm.unlogged = false;
+}
+
 int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
 {
     uint64_t data_end = EXTREE_ROUND_UP(sb->virtual_size, t->block_size);
@@ -92,6 +208,11 @@ int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
     t->bm.log_len = sb->mark_log_len;
     t->bm.log_ok = sb->mark_log != 0;
     t->bm.log_next = t->bm.log_replayed = 0;
+    t->bm.map_replayed = 0;
+    map_state_clear(t);
+    if (t->bm.map_replay) {
+        g_array_set_size(t->bm.map_replay, 0);
+    }
     if (!t->bm.log) {
         return 0;
     }
@@ -107,7 +228,7 @@ int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
         if (!record_valid(rec, sb->generation + 1, seq)) {
             break;
         }
-        why = record_bad(rec, data_end);
+        why = record_bad(t, rec, data_end);
         if (why) {
             char *msg = g_strdup_printf("corrupt mark log at offset 0x%"
                                         PRIx64 ": record %u: %s", off, seq,
@@ -122,6 +243,17 @@ int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
             ret = extree_corrupt(t, off, "%s", msg);
             g_free(msg);
             break;
+        }
+        if (ext_ld32(rec + LH_OFF(kind)) == EXTREE_LOG_MAPS) {
+            bool durable;
+
+            ret = map_record_durable(t, rec, &durable);
+            if (ret < 0 || !durable) {
+                /* its data, and what came after it, was never flushed */
+                break;
+            }
+            map_record_keep(t, rec);
+            continue;
         }
         for (uint32_t i = 0; i < ext_ld32(rec + LH_OFF(count));
              i++, r += sizeof(ExtreeDiskMarkLogRange)) {
@@ -226,13 +358,14 @@ uint64_t extree_mark_log_granule(Extree *t)
 
 bool extree_mark_log_checkpoint_wanted(const Extree *t)
 {
-    return t->bm.dirty_logged && t->bm.log_ok &&
-           t->bm.log_next >= slots(t) / 2;
+    return (t->bm.dirty_logged || t->bm.map_hosts.count) && t->bm.log_ok &&
+           (t->bm.log_next >= slots(t) / 2 ||
+            t->bm.map_bytes > EXTREE_MAP_LOG_MAX_BYTES);
 }
 
 bool extree_mark_log_pending(const Extree *t)
 {
-    return t->bm.dirty_logged && !t->read_only;
+    return (t->bm.dirty_logged || t->bm.map_hosts.count) && !t->read_only;
 }
 
 void extree_mark_log_checkpoint(Extree *t)
@@ -249,6 +382,135 @@ void extree_mark_log_info(const Extree *t, ExtreeMarkLogInfo *info)
     info->length = t->bm.log_len;
     info->records = t->bm.log_next;
     info->replayed = t->bm.log_replayed;
+    info->maps = !!(t->incompat & EXTREE_INCOMPAT_MAP_LOG);
+    info->map_replayed = t->bm.map_replayed;
+}
+
+/* ---- Map records ---- */
+
+bool extree_map_log_usable(Extree *t)
+{
+    return (t->incompat & EXTREE_INCOMPAT_MAP_LOG) && !t->bm.no_log &&
+           extree_mark_log_room(t);
+}
+
+/* An entry mapped: see extree_map_data_logged() (extree-txn.c) */
+void extree_map_log_add(Extree *t, uint64_t guest, uint64_t bytes,
+                        uint64_t host, uint32_t csum)
+{
+    ExtreeMapEntry me = { guest, host, bytes, csum };
+
+    if (!t->bm.map_pending) {
+        t->bm.map_pending = g_array_new(false, false, sizeof(ExtreeMapEntry));
+    }
+    g_array_append_val(t->bm.map_pending, me);
+    extree_rs_union(&t->bm.map_hosts, host, bytes);
+    t->bm.map_bytes += bytes;
+}
+
+bool extree_map_log_hosts(Extree *t, uint64_t host, uint64_t bytes)
+{
+    return t->bm.map_hosts.count &&
+           extree_rs_overlaps(&t->bm.map_hosts, host, bytes);
+}
+
+static uint32_t map_slots_needed(const Extree *t)
+{
+    uint32_t n = t->bm.map_pending ? t->bm.map_pending->len : 0;
+
+    return (n + EXTREE_MAP_LOG_ENTRIES - 1) / EXTREE_MAP_LOG_ENTRIES;
+}
+
+/*
+ * A flush may make the running transaction durable with records alone:
+ * nothing changed that no record holds, the log is usable, and the
+ * waiting entries fit in the first half of it (past it a commit
+ * checkpoints, as for marks; it also bounds what a replay reads)
+ */
+bool extree_map_log_sync_wanted(Extree *t)
+{
+    return !t->bm.unlogged && extree_map_log_usable(t) &&
+           t->bm.log_next + map_slots_needed(t) <= slots(t) / 2 &&
+           t->bm.map_bytes <= EXTREE_MAP_LOG_MAX_BYTES;
+}
+
+int extree_map_log_records(Extree *t, uint8_t **records, uint64_t *offset,
+                           uint64_t *len)
+{
+    uint32_t need = map_slots_needed(t);
+    GArray *a = t->bm.map_pending;
+    int ret = extree_check_writable(t);
+    uint8_t *buf;
+
+    *records = NULL;
+    *len = 0;
+    if (ret < 0) {
+        return ret;
+    }
+    if (!need) {
+        return 0;
+    }
+    if (!extree_map_log_usable(t) || t->bm.log_next + need > slots(t)) {
+        return -ENOSPC;
+    }
+    buf = g_malloc0((size_t)need * EXTREE_MARK_LOG_RECORD);
+    for (uint32_t k = 0; k < need; k++) {
+        uint8_t *rec = buf + (size_t)k * EXTREE_MARK_LOG_RECORD;
+        uint8_t *e = rec + sizeof(ExtreeDiskMarkLogHeader);
+        uint32_t first = k * EXTREE_MAP_LOG_ENTRIES;
+        uint32_t count = MIN(a->len - first, EXTREE_MAP_LOG_ENTRIES);
+
+        for (uint32_t i = 0; i < count;
+             i++, e += sizeof(ExtreeDiskMapLogEntry)) {
+            ExtreeMapEntry *me = &g_array_index(a, ExtreeMapEntry, first + i);
+
+            ext_st64(e + offsetof(ExtreeDiskMapLogEntry, guest), me->guest);
+            ext_st64(e + offsetof(ExtreeDiskMapLogEntry, host), me->host);
+            ext_st64(e + offsetof(ExtreeDiskMapLogEntry, length), me->length);
+            ext_st32(e + offsetof(ExtreeDiskMapLogEntry, csum), me->csum);
+        }
+        ext_st64(rec + LH_OFF(magic), EXTREE_MARK_LOG_MAGIC);
+        ext_st64(rec + LH_OFF(generation), t->trans_gen);
+        ext_st32(rec + LH_OFF(seq), t->bm.log_next + k);
+        ext_st32(rec + LH_OFF(count), count);
+        ext_st32(rec + LH_OFF(kind), EXTREE_LOG_MAPS);
+        ext_st32(rec + LH_OFF(csum), record_csum(rec));
+        extree_trace(t, EXTREE_TRACE_MARK_LOG, t->trans_gen,
+                     t->bm.log_next + k, count);
+    }
+    *offset = t->bm.log + (uint64_t)t->bm.log_next * EXTREE_MARK_LOG_RECORD;
+    *len = (uint64_t)need * EXTREE_MARK_LOG_RECORD;
+    *records = buf;
+    t->bm.log_next += need;
+    g_array_set_size(a, 0);
+    return 0;
+}
+
+void extree_map_log_failed(Extree *t)
+{
+    /*
+     * What the slots hold is unknown: no record may follow them (a torn
+     * one would end the chain before it), and only a commit makes what
+     * the lost ones held durable
+     */
+    t->bm.unlogged = true;
+    t->bm.log_ok = false;
+}
+
+int extree_map_log_sync(Extree *t)
+{
+    uint8_t *buf;
+    uint64_t off, len;
+    int ret = extree_map_log_records(t, &buf, &off, &len);
+
+    if (ret == 0 && len) {
+        ret = t->be->ops->pwrite(t->be->opaque, off, buf, len);
+        if (ret < 0) {
+            extree_map_log_failed(t);
+        }
+    }
+    g_free(buf);
+    return ret;
 }
 
 /*
@@ -263,6 +525,11 @@ int extree_mark_log_commit_prepare(Extree *t)
     uint64_t len = EXTREE_ROUND_UP(EXTREE_MARK_LOG_DEFAULT, t->block_size);
     int ret;
 
+    if (want && t->bm.log && !(t->incompat & EXTREE_INCOMPAT_MAP_LOG)) {
+        /* a log of an older writer: its records may be maps from now on */
+        t->incompat |= EXTREE_INCOMPAT_MAP_LOG;
+        t->super_dirty = true;
+    }
     if (want && !t->bm.log) {
         if (extree_alloc_data_allowance(t, 0) / 2 < len) {
             return 0;
@@ -274,7 +541,7 @@ int extree_mark_log_commit_prepare(Extree *t)
         }
         t->bm.log_len = len;
         t->bm.log_ok = false;
-        t->incompat |= EXTREE_INCOMPAT_MARK_LOG;
+        t->incompat |= EXTREE_INCOMPAT_MARK_LOG | EXTREE_INCOMPAT_MAP_LOG;
         t->super_dirty = true;
     } else if (!want && t->bm.log) {
         ret = t->sm.ops->dec_ref(t->sm.opaque, t->bm.log, t->bm.log_len,
@@ -285,7 +552,7 @@ int extree_mark_log_commit_prepare(Extree *t)
         t->bm.log = 0;
         t->bm.log_len = 0;
         t->bm.log_ok = false;
-        t->incompat &= ~EXTREE_INCOMPAT_MARK_LOG;
+        t->incompat &= ~(EXTREE_INCOMPAT_MARK_LOG | EXTREE_INCOMPAT_MAP_LOG);
         t->super_dirty = true;
     }
     return 0;
@@ -298,4 +565,5 @@ void extree_mark_log_commit_done(Extree *t)
     t->bm.log_next = 0;
     t->bm.dirty_logged = false;
     extree_rs_clear(&t->bm.logged);
+    map_state_clear(t);
 }

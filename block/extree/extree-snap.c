@@ -114,6 +114,7 @@ static int begin(Extree *t, unsigned index)
         return -ENOENT;
     }
     ret = extree_check_writable(t);
+    t->bm.unlogged = true;      /* no map record holds it */
     if (ret == 0) {
         ret = extree_probe_end(t);
     }
@@ -536,6 +537,7 @@ int extree_vmstate_write(Extree *t, uint64_t pos, const void *buf,
     uint64_t bs = t->block_size;
     int ret = extree_check_writable(t);
 
+    t->bm.unlogged = true;      /* no map record holds it */
     if (ret == 0) {
         ret = vmstate_range(t, pos, bytes);
     }

@@ -163,6 +163,12 @@ int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate);
 bool extree_mark_log_room(const Extree *t);
 int extree_mark_log_commit_prepare(Extree *t);
 void extree_mark_log_commit_done(Extree *t);
+/* Map records: what a replay reads at most before a checkpoint commits */
+#define EXTREE_MAP_LOG_MAX_BYTES (256 * 1024 * 1024)
+void extree_map_log_add(Extree *t, uint64_t guest, uint64_t bytes,
+                        uint64_t host, uint32_t csum);
+/* Does a map entry of the chain or waiting for one map host bytes here? */
+bool extree_map_log_hosts(Extree *t, uint64_t host, uint64_t bytes);
 
 /* extree-snaptab.c */
 uint8_t *extree_snap_table_encode(Extree *t, uint64_t *len);

@@ -320,6 +320,11 @@ int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
                                " length %u", s->mark_log, s->mark_log_len);
         return -EINVAL;
     }
+    if ((s->incompat & EXTREE_INCOMPAT_MAP_LOG) &&
+        !(s->incompat & EXTREE_INCOMPAT_MARK_LOG)) {
+        *why = g_strdup("map log feature without a mark log");
+        return -EINVAL;
+    }
     for (uint32_t o = EXTREE_TREE_EXTENT;
          o <= (snaps ? EXTREE_TREE_REFS : EXTREE_TREE_FREE); o++) {
         if (!EXTREE_IS_ALIGNED(s->root[o], s->block_size) ||

@@ -141,6 +141,97 @@ static void readahead_roots(Extree *t)
 }
 
 /*
+ * The chain's map entries found by extree_mark_log_load(), applied: their
+ * host ranges claimed first (the tree updates of the first ones must not
+ * take space a later one maps), then each mapped in order as the write
+ * did, its marks set by the update.  A read-only handle applies them in
+ * memory only: nothing it changes is ever written (extree_commit()
+ * refuses it), so it allows the update for the call.  A host range that
+ * is not free in the loaded state is damage: the record lies.
+ */
+static int map_log_apply(Extree *t)
+{
+    GArray *a = t->bm.map_replay;
+    bool ro = t->read_only;
+    int ret = 0;
+
+    if (!a || !a->len) {
+        return 0;
+    }
+    t->read_only = false;
+    ret = extree_probe_end(t);
+    if (ret == 0 && t->space.alloc_partial) {
+        ret = extree_freetree_load_rest(t);
+    }
+    for (guint i = 0; ret == 0 && i < a->len; i++) {
+        ExtreeMapEntry *me = &g_array_index(a, ExtreeMapEntry, i);
+
+        ret = extree_alloc_claim(t, me->host, me->length);
+        if (ret == -EEXIST) {
+            char *msg = g_strdup_printf("corrupt mark log at offset 0x%"
+                                        PRIx64 ": map entry %u: host offset"
+                                        " 0x%" PRIx64 " length 0x%" PRIx64
+                                        " is in use", t->bm.log, i, me->host,
+                                        me->length);
+            if (t->repair) {
+                /*
+                 * A repair goes on without the chain's maps: what it
+                 * claimed is a leak it frees, and every bitmap is marked
+                 * whole (the records' marks are unknown)
+                 */
+                g_free(t->bm.log_bad);
+                t->bm.log_bad = msg;
+                t->read_only = ro;
+                g_array_set_size(a, 0);
+                return 0;
+            }
+            ret = extree_corrupt(t, t->bm.log, "%s", msg);
+            g_free(msg);
+        }
+    }
+    t->bm.logging = true;
+    for (guint i = 0; ret == 0 && i < a->len; i++) {
+        ExtreeMapEntry *me = &g_array_index(a, ExtreeMapEntry, i);
+        ExtreeItem it = { me->guest, me->length, me->host, EXTREE_ITEM_DATA };
+
+        ret = extree_extent_update(t, &it, me->guest, me->length);
+        if (ret == 0) {
+            extree_rs_union(&t->bm.map_hosts, me->host, me->length);
+            t->bm.map_bytes += me->length;
+            t->bm.map_replayed++;
+        }
+    }
+    t->bm.logging = false;
+    t->read_only = ro;
+    g_array_set_size(a, 0);
+    if (ret < 0) {
+        t->broken = true;
+    }
+    return ret;
+}
+
+/*
+ * The map records of the chain (spec: Mark log, map records), applied.  A
+ * read-only handle loads the free space and reference counts for it.  A
+ * checker's handle does not apply them: it checks the committed state and
+ * the records against it (extree-check.c), and its repair commits only
+ * after a writer's replay (extree_check()).
+ */
+static int load_map_log(Extree *t, const ExtreeSuper *sb)
+{
+    int ret = 0;
+
+    if (t->read_only) {
+        extree_refs_init(t);
+        ret = extree_freetree_load(t, sb->free_bytes, true);
+        if (ret == 0 && extree_has_refs(t)) {
+            ret = extree_reftree_load(t);
+        }
+    }
+    return ret < 0 ? ret : map_log_apply(t);
+}
+
+/*
  * The state of the committed superblock @sb, into a handle whose cache
  * and space map are set up and empty: sizes, roots, the extent root read
  * and checked, the snapshot table, and for a writer the free space and
@@ -259,6 +350,16 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
         }
         if (ret < 0 && t->repair) {
             ret = 0;
+        }
+    }
+    if (ret == 0 && t->bm.map_replay && t->bm.map_replay->len &&
+        !(o->check && t->read_only)) {
+        if (t->read_only || t->space.alloc_loaded) {
+            ret = load_map_log(t, sb);
+        } else if (!t->bm.log_bad) {
+            /* a repair without free space: the maps are left out */
+            t->bm.log_bad = g_strdup("map records not replayed: the free "
+                                     "space is unknown");
         }
     }
     return ret;
@@ -906,6 +1007,7 @@ int extree_set_backing(Extree *t, const char *file, const char *fmt)
     int ret;
 
     ret = extree_check_writable(t);
+    t->bm.unlogged = true;      /* no map record holds it */
     if (ret < 0) {
         return ret;
     }
@@ -1018,6 +1120,10 @@ bool extree_commit_wanted(const Extree *t)
  */
 static int update_done(Extree *t, int ret)
 {
+    if (!t->bm.logging) {
+        /* no map record holds this change: a flush commits */
+        t->bm.unlogged = true;
+    }
     if (ret < 0 || t->commit_by_caller || !extree_commit_wanted(t)) {
         return ret;
     }
@@ -1030,6 +1136,27 @@ int extree_map_data(Extree *t, uint64_t guest, uint64_t bytes, uint64_t host)
     ExtreeItem it = { guest, bytes, host, EXTREE_ITEM_DATA };
 
     return update_done(t, extree_extent_update(t, &it, guest, bytes));
+}
+
+int extree_map_data_logged(Extree *t, uint64_t guest, uint64_t bytes,
+                           uint64_t host, uint32_t csum)
+{
+    ExtreeItem it = { guest, bytes, host, EXTREE_ITEM_DATA };
+    int ret;
+
+    if (!extree_map_log_usable(t) || bytes > EXTREE_MAP_LOG_MAX_ENTRY) {
+        return extree_map_data(t, guest, bytes, host);
+    }
+    t->bm.logging = true;
+    ret = extree_extent_update(t, &it, guest, bytes);
+    if (ret == 0) {
+        extree_map_log_add(t, guest, bytes, host, csum);
+    } else {
+        t->bm.unlogged = true;
+    }
+    ret = update_done(t, ret);
+    t->bm.logging = false;
+    return ret;
 }
 
 int extree_map_compressed(Extree *t, uint64_t guest, uint64_t bytes,

@@ -769,8 +769,45 @@ typedef struct ExtreeMarkLogInfo {
     uint32_t length;            /* bytes */
     uint32_t records;           /* in the chain of the running transaction */
     uint32_t replayed;          /* of them, found at the last open */
+    bool maps;                  /* EXTREE_INCOMPAT_MAP_LOG */
+    uint32_t map_replayed;      /* map entries applied at the last open */
 } ExtreeMarkLogInfo;
 void extree_mark_log_info(const Extree *t, ExtreeMarkLogInfo *info);
+
+/*
+ * Map records (spec: Mark log, map records; EXTREE_INCOMPAT_MAP_LOG, set
+ * with the log): a write to new space is mapped with
+ * extree_map_data_logged() once its data is written, with the CRC-32C of
+ * the host bytes it wrote; its entry waits in memory.  A flush then needs
+ * no commit if extree_map_log_sync_wanted(): the caller takes the records
+ * of the waiting entries from extree_map_log_records() (consecutive slots
+ * from *@offset, *@len bytes, g_free() them; none: *@len is 0), writes
+ * them, and flushes the backend; a failed write is reported with
+ * extree_map_log_failed() (the log is unusable until a commit).  As for
+ * mark records, no commit and no other record write may run between
+ * taking the records and their write completing (the caller holds its
+ * commit gate and writes records one batch at a time).  Blocks a map
+ * entry maps are never written in place until a commit (extree_in_place()
+ * refuses them): a later write to them moves again.
+ */
+typedef struct ExtreeMapEntry {
+    uint64_t guest, host, length;
+    uint32_t csum;
+} ExtreeMapEntry;
+/* CRC-32C as the format uses it: crc(A B) = extree_crc32c(crc(A), B) */
+uint32_t extree_crc32c(uint32_t crc, const void *buf, size_t len);
+bool extree_map_log_usable(Extree *t);
+int extree_map_data_logged(Extree *t, uint64_t guest, uint64_t bytes,
+                           uint64_t host, uint32_t csum);
+bool extree_map_log_sync_wanted(Extree *t);
+int extree_map_log_records(Extree *t, uint8_t **records, uint64_t *offset,
+                           uint64_t *len);
+void extree_map_log_failed(Extree *t);
+/*
+ * The same for a caller without asynchronous I/O (the nbdkit plugin):
+ * writes the records through the backend; the caller flushes it
+ */
+int extree_map_log_sync(Extree *t);
 
 /* ---- Persistent dirty bitmaps (EXTREE_INCOMPAT_BITMAPS) ---- */
 

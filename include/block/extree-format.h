@@ -110,10 +110,21 @@
 #define EXTREE_INCOMPAT_MARK_LOG_BITNR  5
 #define EXTREE_INCOMPAT_MARK_LOG \
     (1ULL << EXTREE_INCOMPAT_MARK_LOG_BITNR)
+/*
+ * EXTREE_INCOMPAT_MAP_LOG (only with the mark log bit): the mark log may
+ * hold map records, mapping changes of writes to new space made durable by
+ * an append instead of a commit; a reader that does not replay them would
+ * see old data where a flushed write went, and a writer would hand their
+ * blocks out again
+ */
+#define EXTREE_INCOMPAT_MAP_LOG_BITNR   6
+#define EXTREE_INCOMPAT_MAP_LOG \
+    (1ULL << EXTREE_INCOMPAT_MAP_LOG_BITNR)
 #define EXTREE_INCOMPAT_MASK \
     (EXTREE_INCOMPAT_CORRUPT | EXTREE_INCOMPAT_SNAPSHOTS | \
      EXTREE_INCOMPAT_ENCRYPTED | EXTREE_INCOMPAT_COMPRESSED | \
-     EXTREE_INCOMPAT_BITMAPS | EXTREE_INCOMPAT_MARK_LOG)
+     EXTREE_INCOMPAT_BITMAPS | EXTREE_INCOMPAT_MARK_LOG | \
+     EXTREE_INCOMPAT_MAP_LOG)
 
 /* Compatible features: none defined; unknown bits are ignored */
 #define EXTREE_COMPAT_MASK              0ULL
@@ -222,8 +233,11 @@ typedef struct __attribute__((packed)) ExtreeDiskMarkLogHeader {
     uint32_t seq;               /* 16: its place in the chain */
     uint32_t count;             /* 20: ranges that follow */
     uint32_t csum;              /* 24: crc32c of the record, this field 0 */
-    uint32_t reserved;          /* 28 */
+    uint32_t kind;              /* 28: EXTREE_LOG_* (0 without the map bit) */
 } ExtreeDiskMarkLogHeader;
+
+#define EXTREE_LOG_MARKS        0       /* ExtreeDiskMarkLogRange follow */
+#define EXTREE_LOG_MAPS         1       /* ExtreeDiskMapLogEntry follow */
 
 typedef struct __attribute__((packed)) ExtreeDiskMarkLogRange {
     uint64_t start;             /* guest offset */
@@ -233,6 +247,23 @@ typedef struct __attribute__((packed)) ExtreeDiskMarkLogRange {
 #define EXTREE_MARK_LOG_RANGES \
     ((EXTREE_MARK_LOG_RECORD - sizeof(ExtreeDiskMarkLogHeader)) / \
      sizeof(ExtreeDiskMarkLogRange))
+
+/*
+ * A map record's entry: guest [guest, + length) now reads from host
+ * [host, + length), whose bytes have CRC-32C @csum (map bit)
+ */
+typedef struct __attribute__((packed)) ExtreeDiskMapLogEntry {
+    uint64_t guest;             /*  0: multiple of block_size */
+    uint64_t host;              /*  8: multiple of block_size */
+    uint64_t length;            /* 16: multiple of block_size, > 0 */
+    uint32_t csum;              /* 24: crc32c of the host bytes */
+    uint32_t reserved;          /* 28: 0 */
+} ExtreeDiskMapLogEntry;
+
+#define EXTREE_MAP_LOG_MAX_ENTRY (64 * 1024 * 1024)
+#define EXTREE_MAP_LOG_ENTRIES \
+    ((EXTREE_MARK_LOG_RECORD - sizeof(ExtreeDiskMarkLogHeader)) / \
+     sizeof(ExtreeDiskMapLogEntry))
 
 #define EXTREE_NODE_MAGIC       0x444e5458U     /* "XTND" */
 

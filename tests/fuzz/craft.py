@@ -35,6 +35,15 @@
 #                 chain is empty)
 #   log-stale     record 0's generation one lower (a stale record: nothing
 #                 replayed)
+#
+# Recipes (issue 47, map records; SEED: seeds/map-log-512.img, whose chain
+# holds a mark record and three map records of one entry each)
+#   map-tear      a byte of record 2's data flipped (its write never became
+#                 durable: the chain ends before record 2)
+#   map-lie       record 2's entry pointed at the live tree's first DATA
+#                 block, its data checksum and the record's made right (a
+#                 record that lies: damage, a writer's open refuses)
+#   map-swap      map records 1 and 2 swapped (the chain ends at slot 1)
 #   reseed        SEED is an input: write it with another OPS_SEED (which
 #                 drives the target's choices: the snapshot reverted to,
 #                 the writes)
@@ -267,6 +276,27 @@ def main():
         else:
             im.put(rec[0] + 8, ld(im.img, rec[0] + 8) - 1)
             fix_rec(rec[0])
+    elif recipe in ('map-tear', 'map-lie', 'map-swap'):
+        sb = im.slot * SB
+        log, bs = ld(im.img, sb + 256), ld(im.img, sb + 64, 4)
+        rec = [log + i * 4096 for i in range(4)]
+        if [ld(im.img, r + 28, 4) for r in rec] != [0, 1, 1, 1]:
+            sys.exit('SEED has no chain of a mark and three map records')
+        host = ld(im.img, rec[2] + 40)
+        if recipe == 'map-tear':
+            im.put(host + 7, im.img[host + 7] ^ 1, 1)
+        elif recipe == 'map-lie':
+            used = ld(im.img, im.first_item(1)[1] + 16)
+            im.put(rec[2] + 40, used)
+            im.put(rec[2] + 56, crc32c(im.img[used:used + bs]), 4)
+            b = bytearray(im.img[rec[2]:rec[2] + 4096])
+            b[24:28] = b'\0\0\0\0'
+            im.put(rec[2] + 24, crc32c(b), 4)
+        else:
+            a, b = bytes(im.img[rec[1]:rec[1] + 4096]), \
+                bytes(im.img[rec[2]:rec[2] + 4096])
+            im.edit(rec[1], b)
+            im.edit(rec[2], a)
     else:
         sys.exit('unknown recipe ' + recipe)
     im.write(out, ops_seed)

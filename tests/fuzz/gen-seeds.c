@@ -265,9 +265,35 @@ static void gen_log_writes(Gen *g, const uint64_t *blk, unsigned n)
     }
 }
 
+/*
+ * After the last commit: guest blocks @blk[0..n), holes, written to new
+ * space as the driver writes them, each mapped by a map record of its own
+ * (written, not flushed: the memory backend keeps every write), so that
+ * an open replays the chain.  The data is zeroes: wipe_free_space() clears
+ * what the committed state calls free, and the records' checksums must
+ * keep matching.
+ */
+static void gen_map_writes(Gen *g, const uint64_t *blk, unsigned n)
+{
+    uint8_t *zero = g_malloc0(g->bs);
+
+    for (unsigned i = 0; i < n; i++) {
+        uint64_t host, got;
+
+        must(extree_alloc_data(g->t, blk[i] * g->bs, g->bs, &host, &got),
+             "alloc");
+        must(g->be->ops->pwrite(g->be->opaque, host, zero, got), "pwrite");
+        must(extree_map_data_logged(g->t, blk[i] * g->bs, got, host,
+                                    extree_crc32c(0, zero, got)), "map");
+        must(extree_map_log_sync(g->t), "records");
+    }
+    g_free(zero);
+}
+
 static void gen_finish_log(Gen *g, const char *dir, const char *name,
                            unsigned want_depth, const uint64_t *log_blk,
-                           unsigned nlog)
+                           unsigned nlog, const uint64_t *map_blk,
+                           unsigned nmap)
 {
     ExtreeCheckResult res;
     int64_t len;
@@ -290,6 +316,10 @@ static void gen_finish_log(Gen *g, const char *dir, const char *name,
     if (nlog) {
         printf("%u mark log records, ", nlog);
     }
+    gen_map_writes(g, map_blk, nmap);
+    if (nmap) {
+        printf("%u map records, ", nmap);
+    }
     extree_close(g->t);
 
     len = g->be->ops->get_length(g->be->opaque);
@@ -311,7 +341,7 @@ static void gen_finish_log(Gen *g, const char *dir, const char *name,
 static void gen_finish(Gen *g, const char *dir, const char *name,
                        unsigned want_depth)
 {
-    gen_finish_log(g, dir, name, want_depth, NULL, 0);
+    gen_finish_log(g, dir, name, want_depth, NULL, 0, NULL, 0);
 }
 
 /* One leaf: a few DATA, ZERO and overwritten extents over two commits */
@@ -688,7 +718,24 @@ static void seed_mark_log(const char *dir)
 
     gen_start(&g, 2 << 20, 512, 4096, NULL, 13);
     bitmaps_image(&g);
-    gen_finish_log(&g, dir, "mark-log-512.img", 1, blk, G_N_ELEMENTS(blk));
+    gen_finish_log(&g, dir, "mark-log-512.img", 1, blk, G_N_ELEMENTS(blk),
+                   NULL, 0);
+}
+
+/*
+ * One mark record, then three map records (issue 47): writes to holes
+ * logged instead of committed
+ */
+static void seed_map_log(const char *dir)
+{
+    static const uint64_t blk[] = { 60 };
+    static const uint64_t map_blk[] = { 3000, 3001, 3900 };
+    Gen g;
+
+    gen_start(&g, 2 << 20, 512, 4096, NULL, 13);
+    bitmaps_image(&g);
+    gen_finish_log(&g, dir, "map-log-512.img", 1, blk, G_N_ELEMENTS(blk),
+                   map_blk, G_N_ELEMENTS(map_blk));
 }
 
 int main(int argc, char **argv)
@@ -708,6 +755,7 @@ int main(int argc, char **argv)
     seed_snap_refs(argv[1]);
     seed_bitmaps(argv[1]);
     seed_mark_log(argv[1]);
+    seed_map_log(argv[1]);
     seed_crypt(argv[1]);
     seed_compressed(argv[1]);
     return 0;

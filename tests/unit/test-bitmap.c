@@ -1185,6 +1185,169 @@ static void test_mark_log(void)
 }
 
 /*
+ * A write to new space logged in a map record (spec: Mark log, map
+ * records): data @byte at guest [@guest, + @bytes), its entry waiting.
+ * Returns its host offset.
+ */
+static uint64_t map_write(Extree *t, ExtreeBackend *be, uint64_t guest,
+                          uint64_t bytes, uint8_t byte)
+{
+    uint8_t *data = g_malloc(bytes);
+    uint64_t host, got;
+
+    g_assert_cmpint(extree_alloc_data(t, guest, bytes, &host, &got), ==, 0);
+    g_assert_cmpuint(got, ==, bytes);
+    memset(data, byte, bytes);
+    g_assert_cmpint(be->ops->pwrite(be->opaque, host, data, bytes), ==, 0);
+    g_assert_cmpint(extree_map_data_logged(t, guest, bytes, host,
+                                           extree_crc32c(0, data, bytes)),
+                    ==, 0);
+    g_free(data);
+    return host;
+}
+
+/* Guest [@guest, + @bytes) reads as @byte */
+static void assert_reads(Extree *t, ExtreeBackend *be, uint64_t guest,
+                         uint64_t bytes, uint8_t byte)
+{
+    for (uint64_t g = guest; g < guest + bytes; g += BS) {
+        uint8_t buf[BS];
+
+        g_assert_cmpint(be->ops->pread(be->opaque, host_of(t, g), buf, BS),
+                        ==, 0);
+        for (unsigned i = 0; i < BS; i++) {
+            g_assert_cmpuint(buf[i], ==, byte);
+        }
+    }
+}
+
+/*
+ * Writes to new space made durable by map records and a flush, then a
+ * crash: a writer's and a reader's open replay them (data, marks), the
+ * blocks are not written in place until a commit, a record whose data
+ * never reached the disk ends the chain, a change no record holds makes
+ * the flush a commit, and a lying record is damage
+ */
+static void test_map_log(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    Extree *t = ct_open(be);
+    ExtreeMarkLogInfo li;
+    ExtreeRun run;
+    uint64_t h1, h2, h3;
+    bool in_place;
+    char *err = NULL;
+    ExtreeOpenOptions ro = { .read_only = true, .check = true };
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeCheckResult res;
+
+    ct_write(t, 0, 16 * G64K);
+    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmphex(extree_incompat_features(t) & EXTREE_INCOMPAT_MAP_LOG,
+                    ==, EXTREE_INCOMPAT_MAP_LOG);
+    g_assert_true(extree_map_log_usable(t));
+
+    h1 = map_write(t, be, 3 * G64K, BS, 0x11);
+    h2 = map_write(t, be, 9 * G64K + BS, 2 * BS, 0x22);
+    /* the blocks the records will map are not written in place */
+    g_assert_cmpint(ct_lookup1(t, 3 * G64K, &run), ==, 0);
+    g_assert_cmpuint(run.host, ==, h1);
+    g_assert_cmpint(extree_in_place(t, &run, 3 * G64K, BS, &in_place), ==,
+                    0);
+    g_assert_false(in_place);
+    g_assert_true(extree_map_log_sync_wanted(t));
+    g_assert_cmpint(extree_map_log_sync(t), ==, 0);
+    extree_mark_log_info(t, &li);
+    g_assert_cmpuint(li.records, ==, 1);
+    extree_close(t);                    /* a crash: nothing committed */
+
+    /* a reader replays in memory */
+    t = ct_open_opts(be, true, 0, 0);
+    extree_mark_log_info(t, &li);
+    g_assert_cmpuint(li.map_replayed, ==, 2);
+    g_assert_cmpuint(host_of(t, 3 * G64K), ==, h1);
+    g_assert_cmpuint(host_of(t, 9 * G64K + BS), ==, h2);
+    assert_reads(t, be, 9 * G64K + BS, 2 * BS, 0x22);
+    assert_set(t, "b0", "3,9");
+    extree_close(t);
+    /* a read-only check leaves them out and finds them consistent */
+    g_assert_cmpint(extree_open(be, &ro, &t, &err), ==, 0);
+    g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, ==, 0);
+    g_assert_cmpuint(res.leaks, ==, 0);
+    extree_close(t);
+
+    /* a writer too, and its chain goes on after them */
+    t = ct_open(be);
+    assert_reads(t, be, 3 * G64K, BS, 0x11);
+    assert_set(t, "b0", "3,9");
+    g_assert_cmpuint(host_of(t, 3 * G64K), ==, h1);
+    /* a rewrite of a block only the log maps moves again */
+    h3 = map_write(t, be, 3 * G64K, BS, 0x33);
+    g_assert_cmpuint(h3, !=, h1);
+    g_assert_cmpint(extree_map_log_sync(t), ==, 0);
+    map_write(t, be, 12 * G64K, BS, 0x44);
+    g_assert_cmpint(extree_map_log_sync(t), ==, 0);
+    extree_close(t);
+    /* the last record's data never reached the disk: it ends the chain */
+    {
+        uint8_t zero[BS] = { 0 };
+        Extree *t2 = ct_open_opts(be, true, 0, 0);
+        uint64_t h4 = host_of(t2, 12 * G64K);
+
+        extree_close(t2);
+        be->ops->pwrite(be->opaque, h4, zero, BS);
+    }
+    t = ct_open(be);
+    extree_mark_log_info(t, &li);
+    g_assert_cmpuint(li.map_replayed, ==, 3);
+    assert_reads(t, be, 3 * G64K, BS, 0x33);
+    assert_reads(t, be, 12 * G64K, BS, 0);
+    assert_set(t, "b0", "3,9");
+    /* a change no record holds: the flush commits */
+    g_assert_true(extree_map_log_sync_wanted(t));
+    g_assert_cmpint(extree_punch(t, 14 * G64K, BS), ==, 0);
+    g_assert_false(extree_map_log_sync_wanted(t));
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_true(extree_map_log_sync_wanted(t));
+    ct_check_clean(t, NULL);
+    assert_reads(t, be, 3 * G64K, BS, 0x33);
+    assert_reads(t, be, 9 * G64K + BS, 2 * BS, 0x22);
+    g_assert_cmpuint(host_of(t, 3 * G64K), ==, h3);
+
+    /* a lying record: its data matches, but its blocks are in use */
+    {
+        uint64_t used = host_of(t, 0);
+        uint8_t data[BS];
+        ExtreeMapEntry me;
+        uint8_t *rec;
+        uint64_t off, len;
+
+        g_assert_cmpint(be->ops->pread(be->opaque, used, data, BS), ==, 0);
+        me = (ExtreeMapEntry){ 5 * G64K, used, BS,
+                               extree_crc32c(0, data, BS) };
+        extree_map_log_add(t, me.guest, me.length, me.host, me.csum);
+        g_assert_cmpint(extree_map_log_records(t, &rec, &off, &len), ==, 0);
+        g_assert_cmpint(be->ops->pwrite(be->opaque, off, rec, len), ==, 0);
+        g_free(rec);
+    }
+    extree_close(t);
+    g_assert_cmpint(extree_open(be, NULL, &t, &err), ==, -EIO);
+    g_assert_nonnull(strstr(err, "map entry 0"));
+    g_free(err);
+    err = NULL;
+    g_assert_cmpint(extree_open(be, &ro, &t, &err), ==, 0);
+    g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, ==, 1);
+    g_assert_true(ct_has_msg(&r, "a map entry's host range overlaps "
+                                 "extent at guest offset 0x0"));
+    extree_close(t);
+    g_ptr_array_free(r.msgs, true);
+    extree_mem_backend_free(be);
+}
+
+/*
  * A record of the chain with a valid checksum but a range outside the
  * disk: the open fails naming the log; check reports it and -r all marks
  * every enabled bitmap whole.  With no_mark_log no log is added.
@@ -1271,5 +1434,6 @@ int main(int argc, char **argv)
     g_test_add_func("/bitmap/memory-bound", test_memory_bound);
     g_test_add_func("/bitmap/mark-log", test_mark_log);
     g_test_add_func("/bitmap/mark-log-damage", test_mark_log_damage);
+    g_test_add_func("/bitmap/map-log", test_map_log);
     return g_test_run();
 }

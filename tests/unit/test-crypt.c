@@ -448,9 +448,9 @@ static void test_unknown_bit(void)
     Extree *t = NULL;
 
     patch_super(be, SBF(incompat_features), 8,
-                EXTREE_INCOMPAT_ENCRYPTED | (1ULL << 6));
+                EXTREE_INCOMPAT_ENCRYPTED | (1ULL << 7));
     g_assert_cmpint(extree_open(be, &ro, &t, &err), ==, -ENOTSUP);
-    g_assert_nonnull(strstr(err, "Unsupported incompatible features 0x40"));
+    g_assert_nonnull(strstr(err, "Unsupported incompatible features 0x80"));
     g_free(err);
     extree_mem_backend_free(be);
 }

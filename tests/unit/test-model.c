@@ -149,6 +149,7 @@ typedef struct Run {
         uint64_t in_place, logged, moved, checkpoints;
         uint64_t bm_adds, bm_clears, bm_merges, bm_removes, resizes;
         uint64_t bm_checks, granules, granules_set, replayed;
+        uint64_t map_logged, map_syncs, map_replayed;
     } n;
 } Run;
 
@@ -471,6 +472,7 @@ static void check_bitmaps(Run *r)
 
     extree_mark_log_info(r->t, &li);
     r->n.replayed += li.replayed;
+    r->n.map_replayed += li.map_replayed;
 
     for (int i = 0; i < NBM; i++) {
         const BmRec *b = &r->cbm[i];
@@ -586,8 +588,26 @@ static void do_insert(Run *r, uint64_t blk, uint64_t n)
 
         alloc(r, guest, left, &host, &got);
         gen = extree_generation(r->t);
-        check_ret(r, extree_map_data(r->t, guest, got, host),
-                  "extree_map_data");
+        if (extree_map_log_usable(r->t) && model_rand_below(&r->rng, 2)) {
+            /*
+             * As the driver maps a write to new space with map records:
+             * the checksum of what the host bytes hold (the model keeps
+             * no content for them), which nothing may change before the
+             * commit that ends the chain
+             */
+            uint8_t *data = g_malloc(got);
+
+            check_ret(r, r->be->ops->pread(r->be->opaque, host, data, got),
+                      "pread");
+            check_ret(r, extree_map_data_logged(r->t, guest, got, host,
+                                                extree_crc32c(0, data, got)),
+                      "extree_map_data_logged");
+            g_free(data);
+            r->n.map_logged++;
+        } else {
+            check_ret(r, extree_map_data(r->t, guest, got, host),
+                      "extree_map_data");
+        }
         model_apply(r, guest / r->bs, got / r->bs, EXTREE_RUN_DATA, host);
         after_update(r, gen);
         guest += got;
@@ -628,6 +648,29 @@ static void do_commit(Run *r)
     r->n.commits++;
 }
 
+static void do_reopen(Run *r, bool commit);
+
+/*
+ * A flush as the driver makes it: the waiting map records written if they
+ * hold every change since the commit (then what the model holds now is
+ * what a crash returns to), else a commit
+ */
+static void do_flush(Run *r)
+{
+    if (!extree_map_log_sync_wanted(r->t)) {
+        do_commit(r);
+        return;
+    }
+    check_ret(r, extree_map_log_sync(r->t), "extree_map_log_sync");
+    model_copy(&r->committed, &r->model);
+    r->n.map_syncs++;
+    if (model_rand_below(&r->rng, 8) == 0) {
+        /* a crash right after it: the open replays the chain */
+        trace(r, "reopen dropping changes after a flush");
+        do_reopen(r, false);
+    }
+}
+
 static void do_open(Run *r)
 {
     char *err = NULL;
@@ -661,6 +704,7 @@ static void do_reopen(Run *r, bool commit)
     if (r->n.reopens % 4 == 0) {
         /* A read-only open in between sees the same and changes nothing */
         ExtreeOpenOptions ro = r->opts;
+        ExtreeMarkLogInfo li;
         char *err = NULL;
         Extree *t;
         int ret;
@@ -675,8 +719,11 @@ static void do_reopen(Run *r, bool commit)
         if (diff) {
             fail(r, "read-only open: %s", diff);
         }
+        extree_mark_log_info(t, &li);
+        /* map records replayed leave it dirty, never written */
         if (extree_punch(t, 0, r->bs) != -EROFS ||
-            extree_commit(t) != 0 || extree_is_dirty(t)) {
+            (li.map_replayed ? extree_commit(t) != -EROFS :
+             extree_commit(t) != 0 || extree_is_dirty(t))) {
             fail(r, "read-only open accepts updates");
         }
         extree_close(t);
@@ -717,6 +764,12 @@ static void do_reopen(Run *r, bool commit)
         r->partial_left = 1 + model_rand_below(&r->rng, 300);
     } else {
         check_tree(r);
+        if (extree_generation(r->t) != r->gen) {
+            /* the checker committed the replayed map records first */
+            r->gen = extree_generation(r->t);
+            host_commit(r);
+            bm_commit(r);
+        }
     }
     r->n.reopens++;
 }
@@ -917,6 +970,11 @@ static void one_op(Run *r)
         do_commit(r);
         return;
     }
+    if (model_rand_below(&r->rng, r->v->commit_one_in / 16) == 0) {
+        trace(r, "flush");
+        do_flush(r);
+        return;
+    }
     if (!r->partial_left &&
         model_rand_below(&r->rng, r->v->bitmap_one_in) == 0) {
         do_bitmap_op(r);
@@ -1095,6 +1153,13 @@ static void run_variant(gconstpointer opaque)
                    r->n.bm_adds, r->n.bm_clears, r->n.bm_merges,
                    r->n.bm_removes, r->n.resizes, r->n.bm_checks,
                    r->n.granules, r->n.granules_set, r->n.replayed);
+    g_test_message("variant %s: map records: %" PRIu64 " writes to new space"
+                   " logged, %" PRIu64 " flushes without a commit, %" PRIu64
+                   " entries replayed at opens", v->name, r->n.map_logged,
+                   r->n.map_syncs, r->n.map_replayed);
+    if (scale >= 1 && (!r->n.map_syncs || !r->n.map_replayed)) {
+        fail(r, "no flush wrote map records, or no open replayed them");
+    }
 
     extree_cursor_release(&r->cur);
     extree_close(r->t);

@@ -37,6 +37,7 @@
 #   Images with a mark log (spec: Mark log):
 #   xtpoke.py IMAGE mark-log           its records of the chain the newest
 #                                      superblock replays, one line each
+#                                      (map records: their guest ranges)
 #   xtpoke.py IMAGE mark-log-lie START LEN  a record of that chain (the
 #                                      next slot) marking [START, +LEN),
 #                                      checksum valid
@@ -179,13 +180,25 @@ def main():
             if (magic != 0x474f4c4b52414d58 or gen != img.gen + 1 or
                     rseq != seq or csum != crc32c(body)):
                 break
-            chain.append([struct.unpack_from('<QQ', r, 32 + 16 * i)
-                          for i in range(count)])
+            kind = struct.unpack_from('<I', r, 28)[0]
+            if kind == 1:
+                # a map record: guest, host, length, data checksum
+                chain.append(('map', [struct.unpack_from('<QQQI', r,
+                                                         32 + 32 * i)
+                                      for i in range(count)]))
+            else:
+                chain.append(('marks', [struct.unpack_from('<QQ', r,
+                                                           32 + 16 * i)
+                                        for i in range(count)]))
         if what == 'mark-log':
             print('mark log: %d records' % len(chain))
-            for seq, ranges in enumerate(chain):
-                print('record %d: %s' % (seq, ' '.join(
-                    '0x%x+0x%x' % rg for rg in ranges)))
+            for seq, (kind, items) in enumerate(chain):
+                if kind == 'map':
+                    print('record %d: map %s' % (seq, ' '.join(
+                        '0x%x+0x%x' % (g, n) for g, _, n, _ in items)))
+                else:
+                    print('record %d: %s' % (seq, ' '.join(
+                        '0x%x+0x%x' % rg for rg in items)))
         elif what == 'mark-log-lie':
             seq = len(chain)
             r = bytearray(4096)
