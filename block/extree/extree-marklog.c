@@ -261,6 +261,22 @@ int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
             extree_bitmaps_logged_add(t, ext_ld64(r), ext_ld64(r + 8));
         }
     }
+    /*
+     * A record of this generation past the chain's end (after a torn one,
+     * or after a map record whose data never became durable) would join
+     * the chain once a new record filled the gap, and a stale map record
+     * replayed after newer ones could undo a flushed write: no record is
+     * appended to this chain, the next commit starts a new one
+     */
+    for (uint32_t s2 = seq; ret == 0 && s2 < slots(t); s2++) {
+        const uint8_t *rec = buf + (size_t)s2 * EXTREE_MARK_LOG_RECORD;
+
+        if (ext_ld64(rec + LH_OFF(magic)) == EXTREE_MARK_LOG_MAGIC &&
+            ext_ld64(rec + LH_OFF(generation)) == sb->generation + 1) {
+            t->bm.log_ok = false;
+            break;
+        }
+    }
     g_free(buf);
     /* a later record of this chain goes after what is there */
     t->bm.log_next = t->bm.log_replayed = seq;

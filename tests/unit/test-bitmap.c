@@ -1305,8 +1305,14 @@ static void test_map_log(void)
     assert_reads(t, be, 3 * G64K, BS, 0x33);
     assert_reads(t, be, 12 * G64K, BS, 0);
     assert_set(t, "b0", "3,9");
-    /* a change no record holds: the flush commits */
+    /*
+     * the dropped record is still there, valid: no record may follow
+     * the chain (it would join it) until a commit starts a new one
+     */
+    g_assert_false(extree_map_log_usable(t));
+    g_assert_cmpint(extree_commit(t), ==, 0);
     g_assert_true(extree_map_log_sync_wanted(t));
+    /* a change no record holds: the flush commits */
     g_assert_cmpint(extree_punch(t, 14 * G64K, BS), ==, 0);
     g_assert_false(extree_map_log_sync_wanted(t));
     g_assert_cmpint(extree_commit(t), ==, 0);
