@@ -354,12 +354,25 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
     }
     if (ret == 0 && t->bm.map_replay && t->bm.map_replay->len &&
         !(o->check && t->read_only)) {
-        if (t->read_only || t->space.alloc_loaded) {
+        const char *why = NULL;
+
+        if (t->incompat & EXTREE_INCOMPAT_CORRUPT) {
+            /* no update runs on it: it shows the committed state */
+            why = "map records not replayed: the image is marked corrupt";
+        } else if (t->read_only || t->space.alloc_loaded) {
             ret = load_map_log(t, sb);
-        } else if (!t->bm.log_bad) {
+        } else {
             /* a repair without free space: the maps are left out */
-            t->bm.log_bad = g_strdup("map records not replayed: the free "
-                                     "space is unknown");
+            why = "map records not replayed: the free space is unknown";
+        }
+        if (why && t->repair && !t->bm.log_bad) {
+            /* the repair marks every bitmap whole */
+            t->bm.log_bad = g_strdup(why);
+        } else if (why && !t->repair && !t->open_warning) {
+            t->open_warning = g_strdup(why);
+        }
+        if (why) {
+            g_array_set_size(t->bm.map_replay, 0);
         }
     }
     return ret;
