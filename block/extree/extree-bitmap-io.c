@@ -283,7 +283,6 @@ void extree_bitmaps_free(Extree *t)
         t->bm.map_replay = NULL;
     }
     extree_rs_clear(&t->bm.map_hosts);
-    t->bm.map_bytes = 0;
     t->bm.map_replayed = 0;
     t->bm.unlogged = t->bm.logging = false;
 }

@@ -700,9 +700,9 @@ typedef struct ExtreeBitmaps {
      * data is written, their entries not yet in a record (ExtreeMapEntry,
      * in write order); the host ranges that the chain's or those entries
      * map, never written in place until a commit (a record's checksum
-     * must keep matching its data); the chain's entries read at the last
-     * load, applied once the allocator is loaded (@map_replay, freed
-     * then); the data bytes the chain maps (bounds a replay's reads); the
+     * must keep matching its data; their bytes bound a replay's reads);
+     * the chain's entries read at the last load, applied once the
+     * allocator is loaded (@map_replay, freed then); the
      * running transaction changed something no record holds, so a flush
      * must commit (@unlogged); an update made for a map entry is running
      * (@logging: it does not set @unlogged).
@@ -711,7 +711,6 @@ typedef struct ExtreeBitmaps {
     GArray *map_pending;
     ExtreeRangeSet map_hosts;
     GArray *map_replay;
-    uint64_t map_bytes;
     uint32_t map_replayed;
     bool unlogged, logging;
 } ExtreeBitmaps;

@@ -193,7 +193,6 @@ static void map_state_clear(Extree *t)
         g_array_set_size(t->bm.map_pending, 0);
     }
     extree_rs_clear(&t->bm.map_hosts);
-    t->bm.map_bytes = 0;
     t->bm.unlogged = false;
 }
 
@@ -376,7 +375,7 @@ bool extree_mark_log_checkpoint_wanted(const Extree *t)
 {
     return (t->bm.dirty_logged || t->bm.map_hosts.count) && t->bm.log_ok &&
            (t->bm.log_next >= slots(t) / 2 ||
-            t->bm.map_bytes > EXTREE_MAP_LOG_MAX_BYTES);
+            t->bm.map_hosts.bytes > EXTREE_MAP_LOG_MAX_BYTES);
 }
 
 bool extree_mark_log_pending(const Extree *t)
@@ -421,7 +420,6 @@ void extree_map_log_add(Extree *t, uint64_t guest, uint64_t bytes,
     }
     g_array_append_val(t->bm.map_pending, me);
     extree_rs_union(&t->bm.map_hosts, host, bytes);
-    t->bm.map_bytes += bytes;
 }
 
 bool extree_map_log_hosts(Extree *t, uint64_t host, uint64_t bytes)
@@ -447,7 +445,7 @@ bool extree_map_log_sync_wanted(Extree *t)
 {
     return !t->bm.unlogged && extree_map_log_usable(t) &&
            t->bm.log_next + map_slots_needed(t) <= slots(t) / 2 &&
-           t->bm.map_bytes <= EXTREE_MAP_LOG_MAX_BYTES;
+           t->bm.map_hosts.bytes <= EXTREE_MAP_LOG_MAX_BYTES;
 }
 
 int extree_map_log_records(Extree *t, uint8_t **records, uint64_t *offset,

@@ -197,7 +197,6 @@ static int map_log_apply(Extree *t)
         ret = extree_extent_update(t, &it, me->guest, me->length);
         if (ret == 0) {
             extree_rs_union(&t->bm.map_hosts, me->host, me->length);
-            t->bm.map_bytes += me->length;
             t->bm.map_replayed++;
         }
     }
