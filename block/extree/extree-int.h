@@ -705,7 +705,9 @@ typedef struct ExtreeBitmaps {
      * allocator is loaded (@map_replay, freed then); the
      * running transaction changed something no record holds, so a flush
      * must commit (@unlogged); an update made for a map entry is running
-     * (@logging: it does not set @unlogged).
+     * (@logging: it does not set @unlogged).  The open of an image
+     * marked corrupt whose chain did not apply tries again without it
+     * (@map_failed, then @map_skip).
      * All under the caller's serialisation of the handle (extree.h).
      */
     GArray *map_pending;
@@ -713,6 +715,7 @@ typedef struct ExtreeBitmaps {
     GArray *map_replay;
     uint32_t map_replayed;
     bool unlogged, logging;
+    bool map_failed, map_skip;
 } ExtreeBitmaps;
 
 /* What a checker's handle found at open (extree-check.c) */

@@ -199,6 +199,8 @@ static void map_state_clear(Extree *t)
 int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
 {
     uint64_t data_end = EXTREE_ROUND_UP(sb->virtual_size, t->block_size);
+    /* the chain of the transaction after the state (a corrupt mark lags) */
+    uint64_t gen = sb->generation + 1 - sb->log_lag;
     uint8_t *buf;
     uint32_t seq;
     int ret;
@@ -223,8 +225,7 @@ int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
         uint64_t off = t->bm.log + (uint64_t)seq * EXTREE_MARK_LOG_RECORD;
         char *why;
 
-        /* the chain of the transaction after the state opened ends here */
-        if (!record_valid(rec, sb->generation + 1, seq)) {
+        if (!record_valid(rec, gen, seq)) {
             break;
         }
         why = record_bad(t, rec, data_end);
@@ -271,12 +272,16 @@ int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
         const uint8_t *rec = buf + (size_t)s2 * EXTREE_MARK_LOG_RECORD;
 
         if (ext_ld64(rec + LH_OFF(magic)) == EXTREE_MARK_LOG_MAGIC &&
-            ext_ld64(rec + LH_OFF(generation)) == sb->generation + 1) {
+            ext_ld64(rec + LH_OFF(generation)) == gen) {
             t->bm.log_ok = false;
             break;
         }
     }
     g_free(buf);
+    if (sb->log_lag) {
+        /* the chain is not the running transaction's: commit first */
+        t->bm.log_ok = false;
+    }
     /* a later record of this chain goes after what is there */
     t->bm.log_next = t->bm.log_replayed = seq;
     return ret;

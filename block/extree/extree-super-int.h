@@ -36,6 +36,11 @@ typedef struct ExtreeSuper {
     /* with EXTREE_INCOMPAT_MARK_LOG; 0 without */
     uint64_t mark_log;
     uint32_t mark_log_len;
+    /*
+     * with EXTREE_INCOMPAT_LOG_LAG, else 0: the chain replayed is that of
+     * generation + 1 - log_lag
+     */
+    uint32_t log_lag;
     char backing_file[EXTREE_BACKING_FILE_MAX + 1];
     char backing_fmt[EXTREE_BACKING_FMT_MAX + 1];
 } ExtreeSuper;

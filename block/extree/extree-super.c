@@ -77,6 +77,7 @@ void extree_sb_encode(const ExtreeSuper *s, uint8_t *buf)
     ext_st32(buf + SB_OFF(bitmap_count), s->bitmap_count);
     ext_st64(buf + SB_OFF(mark_log_offset), s->mark_log);
     ext_st32(buf + SB_OFF(mark_log_length), s->mark_log_len);
+    ext_st32(buf + SB_OFF(log_lag), s->log_lag);
     buf[SB_OFF(backing_file_len)] = flen & 0xff;
     buf[SB_OFF(backing_file_len) + 1] = flen >> 8;
     buf[SB_OFF(backing_fmt_len)] = mlen & 0xff;
@@ -205,6 +206,7 @@ int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     s->bitmap_count = ext_ld32(buf + SB_OFF(bitmap_count));
     s->mark_log = ext_ld64(buf + SB_OFF(mark_log_offset));
     s->mark_log_len = ext_ld32(buf + SB_OFF(mark_log_length));
+    s->log_lag = ext_ld32(buf + SB_OFF(log_lag));
     flen = buf[SB_OFF(backing_file_len)] |
            (buf[SB_OFF(backing_file_len) + 1] << 8);
     mlen = buf[SB_OFF(backing_fmt_len)] |
@@ -323,6 +325,12 @@ int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     if ((s->incompat & EXTREE_INCOMPAT_MAP_LOG) &&
         !(s->incompat & EXTREE_INCOMPAT_MARK_LOG)) {
         *why = g_strdup("map log feature without a mark log");
+        return -EINVAL;
+    }
+    if (!(s->incompat & EXTREE_INCOMPAT_LOG_LAG) != !s->log_lag ||
+        (s->log_lag && (!(s->incompat & EXTREE_INCOMPAT_MAP_LOG) ||
+                        s->log_lag > s->generation))) {
+        *why = g_strdup_printf("bad log lag %u", s->log_lag);
         return -EINVAL;
     }
     for (uint32_t o = EXTREE_TREE_EXTENT;
@@ -567,6 +575,23 @@ int extree_sb_read(ExtreeBackend *be, ExtreeSuper sb[2], int *best,
     return ret;
 }
 
+/*
+ * @s one generation later with the corrupt bit: a superblock, not a
+ * commit.  The state stays that of @s, so the chain to replay stays the
+ * one @s's readers replay: its lag grows by one (spec: Map records, rule
+ * 5), or the writes only map records hold would be lost.
+ */
+static void sb_mark_corrupt(ExtreeSuper *s)
+{
+    s->generation++;
+    s->incompat |= EXTREE_INCOMPAT_CORRUPT;
+    s->autoclear &= EXTREE_AUTOCLEAR_MASK;
+    if (s->incompat & EXTREE_INCOMPAT_MARK_LOG) {
+        s->log_lag++;
+        s->incompat |= EXTREE_INCOMPAT_MAP_LOG | EXTREE_INCOMPAT_LOG_LAG;
+    }
+}
+
 int extree_mark_corrupt(Extree *t)
 {
     ExtreeSuper s = *t->csb;
@@ -574,12 +599,13 @@ int extree_mark_corrupt(Extree *t)
 
     t->incompat |= EXTREE_INCOMPAT_CORRUPT;
     t->broken = true;
-    if (t->read_only) {
+    /* no record after the chain of the state marked: nothing replays it */
+    t->bm.log_ok = false;
+    if (t->read_only || (s.incompat & EXTREE_INCOMPAT_CORRUPT)) {
+        /* (a repair that finds more: the superblock says so already) */
         return 0;
     }
-    s.generation = t->generation + 1;
-    s.incompat |= EXTREE_INCOMPAT_CORRUPT;
-    s.autoclear &= EXTREE_AUTOCLEAR_MASK;
+    sb_mark_corrupt(&s);
     ret = extree_sb_write_t(t, &s);
     if (ret == 0) {
         ret = t->be->ops->flush(t->be->opaque);
@@ -624,9 +650,7 @@ int extree_mark_corrupt_image(ExtreeBackend *be)
     if (sb[best].incompat & EXTREE_INCOMPAT_CORRUPT) {
         return 0;
     }
-    sb[best].generation++;
-    sb[best].incompat |= EXTREE_INCOMPAT_CORRUPT;
-    sb[best].autoclear &= EXTREE_AUTOCLEAR_MASK;
+    sb_mark_corrupt(&sb[best]);
     ret = extree_sb_write(be, &sb[best], &msg);
     g_free(msg);
     if (ret == 0) {

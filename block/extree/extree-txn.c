@@ -153,12 +153,24 @@ static int map_log_apply(Extree *t)
 {
     GArray *a = t->bm.map_replay;
     bool ro = t->read_only;
+    uint64_t corrupt = t->incompat & EXTREE_INCOMPAT_CORRUPT;
     int ret = 0;
 
     if (!a || !a->len) {
         return 0;
     }
+    /* the writer's own updates, made again: allowed on a corrupt image */
     t->read_only = false;
+    t->incompat &= ~corrupt;
+    if (ro) {
+        /*
+         * What a reader's replay takes past host_end is never written:
+         * no node there can be overwritten, so it need not read every
+         * tree first (extree_probe_end(); that also spares the open of
+         * a damaged image marked corrupt the damaged nodes)
+         */
+        t->end_probed = true;
+    }
     ret = extree_probe_end(t);
     if (ret == 0 && t->space.alloc_partial) {
         ret = extree_freetree_load_rest(t);
@@ -182,6 +194,7 @@ static int map_log_apply(Extree *t)
                 g_free(t->bm.log_bad);
                 t->bm.log_bad = msg;
                 t->read_only = ro;
+                t->incompat |= corrupt;
                 g_array_set_size(a, 0);
                 return 0;
             }
@@ -202,6 +215,7 @@ static int map_log_apply(Extree *t)
     }
     t->bm.logging = false;
     t->read_only = ro;
+    t->incompat |= corrupt;
     g_array_set_size(a, 0);
     if (ret < 0) {
         t->broken = true;
@@ -258,7 +272,8 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
     }
     t->generation = sb->generation;
     t->trans_gen = t->generation + 1;
-    t->incompat = sb->incompat;
+    /* the lag is the superblock's: the next commit's chain is its own */
+    t->incompat = sb->incompat & ~EXTREE_INCOMPAT_LOG_LAG;
     t->compat = sb->compat;
     t->crypt_method = sb->crypt_method;
     t->crypt_header_offset = sb->crypt_header_offset;
@@ -355,11 +370,12 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
         !(o->check && t->read_only)) {
         const char *why = NULL;
 
-        if (t->incompat & EXTREE_INCOMPAT_CORRUPT) {
-            /* no update runs on it: it shows the committed state */
-            why = "map records not replayed: the image is marked corrupt";
+        if (t->bm.map_skip) {
+            /* a corrupt image's chain that did not apply: extree_open() */
+            why = "map records not replayed: they did not apply";
         } else if (t->read_only || t->space.alloc_loaded) {
             ret = load_map_log(t, sb);
+            t->bm.map_failed = ret < 0;
         } else {
             /* a repair without free space: the maps are left out */
             why = "map records not replayed: the free space is unknown";
@@ -367,7 +383,8 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
         if (why && t->repair && !t->bm.log_bad) {
             /* the repair marks every bitmap whole */
             t->bm.log_bad = g_strdup(why);
-        } else if (why && !t->repair && !t->open_warning) {
+        } else if (why && !t->repair && !t->bm.map_skip &&
+                   !t->open_warning) {
             t->open_warning = g_strdup(why);
         }
         if (why) {
@@ -375,6 +392,46 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
         }
     }
     return ret;
+}
+
+/*
+ * A handle for the superblock @sb, its state not yet loaded.  @map_skip:
+ * without the chain's map records (an image marked corrupt, extree_open()).
+ */
+static Extree *handle_new(ExtreeBackend *be, const ExtreeOpenOptions *o,
+                          const ExtreeSuper *sb, const ExtreeSkipped *skip,
+                          bool map_skip)
+{
+    Extree *t = g_new0(Extree, 1);
+
+    t->be = be;
+    t->read_only = o->read_only;
+    t->repair = o->repair && !o->read_only;
+    /*
+     * Not a torn write: someone wrote a bad superblock, perhaps the newest
+     * one; it is overwritten by the next commit
+     */
+    t->open_warning = skip->sum_ok ? g_strdup(skip->why) : NULL;
+    t->block_size = sb->block_size;
+    t->node_size = sb->node_size;
+    t->leaf_cap = EXTREE_LEAF_CAPACITY(t->node_size);
+    t->ptr_cap = EXTREE_INTERIOR_CAPACITY(t->node_size);
+    t->data_start = extree_sb_data_start(sb);
+    t->csb = g_new(ExtreeSuper, 1);
+    *t->csb = *sb;
+    t->nc.limit = MAX((o->cache_size ? o->cache_size
+                              : EXTREE_DEFAULT_CACHE_SIZE) / t->node_size, 32);
+    t->nc.dirty_limit = MAX((o->dirty_limit ? o->dirty_limit
+                                  : EXTREE_DEFAULT_DIRTY_LIMIT) / t->node_size,
+                            16);
+    t->commit_by_caller = o->commit_by_caller;
+    t->bm.max_bytes = o->bitmap_max_bytes ? o->bitmap_max_bytes :
+                          EXTREE_BITMAP_MAX_BYTES;
+    t->bm.no_log = o->no_mark_log;
+    extree_cache_init(t);
+    extree_sm_init(t);
+    t->bm.map_skip = map_skip;
+    return t;
 }
 
 int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
@@ -425,35 +482,32 @@ int extree_open(ExtreeBackend *be, const ExtreeOpenOptions *o, Extree **out,
         return -EROFS;
     }
 
-    t = g_new0(Extree, 1);
-    t->be = be;
-    t->read_only = o->read_only;
-    t->repair = o->repair && !o->read_only;
-    /*
-     * Not a torn write: someone wrote a bad superblock, perhaps the newest
-     * one; it is overwritten by the next commit
-     */
-    t->open_warning = skip.sum_ok ? g_strdup(skip.why) : NULL;
-    t->block_size = sb[best].block_size;
-    t->node_size = sb[best].node_size;
-    t->leaf_cap = EXTREE_LEAF_CAPACITY(t->node_size);
-    t->ptr_cap = EXTREE_INTERIOR_CAPACITY(t->node_size);
-    t->data_start = extree_sb_data_start(&sb[best]);
-    t->csb = g_new(ExtreeSuper, 1);
-    *t->csb = sb[best];
-    t->nc.limit = MAX((o->cache_size ? o->cache_size
-                              : EXTREE_DEFAULT_CACHE_SIZE) / t->node_size, 32);
-    t->nc.dirty_limit = MAX((o->dirty_limit ? o->dirty_limit
-                                  : EXTREE_DEFAULT_DIRTY_LIMIT) / t->node_size,
-                            16);
-    t->commit_by_caller = o->commit_by_caller;
-    t->bm.max_bytes = o->bitmap_max_bytes ? o->bitmap_max_bytes :
-                          EXTREE_BITMAP_MAX_BYTES;
-    t->bm.no_log = o->no_mark_log;
-    extree_cache_init(t);
-    extree_sm_init(t);
-
+    t = handle_new(be, o, &sb[best], &skip, false);
     ret = load_state(t, &sb[best], o);
+    if (ret < 0 && t->bm.map_failed && (t->read_only || t->repair) &&
+        (sb[best].incompat & EXTREE_INCOMPAT_CORRUPT)) {
+        /*
+         * An image marked corrupt may be damaged where its map records
+         * apply: it is still opened read-only, in its committed state, as
+         * qcow2 opens a corrupt image; a repair goes on without them (and
+         * marks every bitmap whole, load_state())
+         */
+        char *why = g_strdup(t->last_error ? t->last_error
+                                           : g_strerror(-ret));
+
+        extree_close(t);
+        t = handle_new(be, o, &sb[best], &skip, true);
+        ret = load_state(t, &sb[best], o);
+        if (ret == 0 && !t->repair) {
+            char *w = t->open_warning;
+
+            t->open_warning = g_strdup_printf("%s%smap records not "
+                                              "replayed: %s", w ? w : "",
+                                              w ? "; " : "", why);
+            g_free(w);
+        }
+        g_free(why);
+    }
     if (ret < 0) {
         const char *why = t->last_error ? t->last_error : g_strerror(-ret);
         /*

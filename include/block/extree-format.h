@@ -120,11 +120,20 @@
 #define EXTREE_INCOMPAT_MAP_LOG_BITNR   6
 #define EXTREE_INCOMPAT_MAP_LOG \
     (1ULL << EXTREE_INCOMPAT_MAP_LOG_BITNR)
+/*
+ * EXTREE_INCOMPAT_LOG_LAG (only with the map log bit): log_lag is not zero,
+ * the chain to replay is older than the superblock (marking an image
+ * corrupt writes a new superblock but commits nothing); a reader that took
+ * the chain of generation + 1 would lose the writes only the chain holds
+ */
+#define EXTREE_INCOMPAT_LOG_LAG_BITNR   7
+#define EXTREE_INCOMPAT_LOG_LAG \
+    (1ULL << EXTREE_INCOMPAT_LOG_LAG_BITNR)
 #define EXTREE_INCOMPAT_MASK \
     (EXTREE_INCOMPAT_CORRUPT | EXTREE_INCOMPAT_SNAPSHOTS | \
      EXTREE_INCOMPAT_ENCRYPTED | EXTREE_INCOMPAT_COMPRESSED | \
      EXTREE_INCOMPAT_BITMAPS | EXTREE_INCOMPAT_MARK_LOG | \
-     EXTREE_INCOMPAT_MAP_LOG)
+     EXTREE_INCOMPAT_MAP_LOG | EXTREE_INCOMPAT_LOG_LAG)
 
 /* Compatible features: none defined; unknown bits are ignored */
 #define EXTREE_COMPAT_MASK              0ULL
@@ -210,7 +219,7 @@ typedef struct __attribute__((packed)) ExtreeDiskSuper {
     uint32_t bitmap_count;      /*  252 */
     uint64_t mark_log_offset;   /*  256: mark log bit: the log's blocks */
     uint32_t mark_log_length;   /*  264: bytes */
-    uint32_t reserved8;         /*  268 */
+    uint32_t log_lag;           /*  268: log lag bit: chain's age */
     uint8_t reserved2[1024 - 272];
     char backing_fmt[32];       /* 1024 */
     uint8_t reserved3[2048 - 1056];

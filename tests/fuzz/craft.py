@@ -44,6 +44,14 @@
 #                 block, its data checksum and the record's made right (a
 #                 record that lies: damage, a writer's open refuses)
 #   map-swap      map records 1 and 2 swapped (the chain ends at slot 1)
+#
+# Recipes (issue 47, a corrupt mark's log lag; SEED:
+# seeds/map-log-corrupt-512.img, map-log-512's image marked corrupt: its
+# superblock's log_lag is 1; map-tear, map-lie and map-swap apply too)
+#   lag-two       log_lag 2 (a chain of generation G - 1: none, nothing
+#                 replayed)
+#   lag-no-bit    log lag bit cleared, log_lag kept (a bad superblock: the
+#                 other slot is opened)
 #   reseed        SEED is an input: write it with another OPS_SEED (which
 #                 drives the target's choices: the snapshot reverted to,
 #                 the writes)
@@ -297,6 +305,15 @@ def main():
                 bytes(im.img[rec[2]:rec[2] + 4096])
             im.edit(rec[1], b)
             im.edit(rec[2], a)
+    elif recipe in ('lag-two', 'lag-no-bit'):
+        sb = im.slot * SB
+        if ld(im.img, sb + 268, 4) != 1:
+            sys.exit('SEED has no log lag')
+        if recipe == 'lag-two':
+            im.put(sb + 268, 2, 4)
+        else:
+            im.put(sb + 32, ld(im.img, sb + 32) & ~(1 << 7))
+        im.fix_sb(im.slot)
     else:
         sys.exit('unknown recipe ' + recipe)
     im.write(out, ops_seed)

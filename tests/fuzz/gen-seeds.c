@@ -32,6 +32,8 @@ typedef struct Gen {
      * compress (the snapshot seeds: their corpus is large)
      */
     bool tagged;
+    /* marked corrupt at the end: a superblock the chain lags behind */
+    bool corrupt;
 } Gen;
 
 static uint64_t gen_rand(Gen *g)
@@ -76,6 +78,7 @@ static void gen_start_crypt(Gen *g, uint64_t vsize, uint32_t bs, uint32_t ns,
     g->bs = bs;
     g->rng = seed;
     g->tagged = false;
+    g->corrupt = false;
     if (crypt_len) {
         /*
          * A stand-in for the LUKS header, written first as the driver
@@ -321,6 +324,10 @@ static void gen_finish_log(Gen *g, const char *dir, const char *name,
         printf("%u map records, ", nmap);
     }
     extree_close(g->t);
+    if (g->corrupt) {
+        must(extree_mark_corrupt_image(g->be), "mark corrupt");
+        printf("marked corrupt, ");
+    }
 
     len = g->be->ops->get_length(g->be->opaque);
     buf = g_malloc(len);
@@ -738,6 +745,23 @@ static void seed_map_log(const char *dir)
                    map_blk, G_N_ELEMENTS(map_blk));
 }
 
+/*
+ * The same, marked corrupt afterwards (log lag bit): a superblock one
+ * generation on whose readers replay the chain of the one before
+ */
+static void seed_map_log_corrupt(const char *dir)
+{
+    static const uint64_t blk[] = { 60 };
+    static const uint64_t map_blk[] = { 3000, 3001, 3900 };
+    Gen g;
+
+    gen_start(&g, 2 << 20, 512, 4096, NULL, 13);
+    bitmaps_image(&g);
+    g.corrupt = true;
+    gen_finish_log(&g, dir, "map-log-corrupt-512.img", 1, blk,
+                   G_N_ELEMENTS(blk), map_blk, G_N_ELEMENTS(map_blk));
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -756,6 +780,7 @@ int main(int argc, char **argv)
     seed_bitmaps(argv[1]);
     seed_mark_log(argv[1]);
     seed_map_log(argv[1]);
+    seed_map_log_corrupt(argv[1]);
     seed_crypt(argv[1]);
     seed_compressed(argv[1]);
     return 0;

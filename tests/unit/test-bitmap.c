@@ -1354,35 +1354,123 @@ static void test_map_log(void)
 }
 
 /*
- * An image whose superblock carries the corrupt bit takes no update, so
- * its opens do not replay map records: a read-only open shows the
- * committed state and says so.  (Marking an image corrupt writes a
- * superblock of the next generation, which makes the chain stale; here
- * the bit is set in the superblock the chain follows.)
+ * Marking an image corrupt writes a superblock but commits nothing: the
+ * chain it lags behind is still replayed (log_lag), by a read-only open
+ * and by the repair, whose commit stores it and clears the mark.  Marked
+ * by the handle and by the open that found damage (no handle).  A chain
+ * that does not apply leaves a corrupt image readable in its committed
+ * state, and says so.
  */
 static void test_map_log_corrupt(void)
 {
-    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
-    Extree *t = ct_open(be);
+    ExtreeOpenOptions rep = { .check = true, .repair = true };
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeCheckResult res;
+    ExtreeMarkLogInfo li;
     ExtreeDiskSuper sb;
-    ExtreeRun run;
-    int slot;
+    char *err = NULL;
 
-    g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
-    g_assert_cmpint(extree_commit(t), ==, 0);
-    map_write(t, be, 3 * G64K, BS, 0x11);
-    g_assert_cmpint(extree_map_log_sync(t), ==, 0);
-    extree_close(t);
-    slot = ct_read_super(be, &sb);
-    sb.incompat_features = GUINT64_TO_LE(
-        GUINT64_FROM_LE(sb.incompat_features) | EXTREE_INCOMPAT_CORRUPT);
-    ct_write_super(be, slot, &sb);
-    t = ct_open_opts(be, true, 0, 0);
-    g_assert_nonnull(strstr(extree_open_warning(t), "marked corrupt"));
-    g_assert_cmpint(ct_lookup1(t, 3 * G64K, &run), ==, 0);
-    g_assert_cmpint(run.type, ==, EXTREE_RUN_UNALLOC);
-    extree_close(t);
-    extree_mem_backend_free(be);
+    for (int by_handle = 1; by_handle >= 0; by_handle--) {
+        ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+        Extree *t = ct_open(be);
+
+        g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+        g_assert_cmpint(extree_commit(t), ==, 0);
+        map_write(t, be, 3 * G64K, BS, 0x11);
+        g_assert_cmpint(extree_map_log_sync(t), ==, 0);
+        if (by_handle) {
+            g_assert_cmpint(extree_mark_corrupt(t), ==, 0);
+            /* marked: no record may follow the chain */
+            g_assert_false(extree_map_log_usable(t));
+            extree_close(t);
+        } else {
+            extree_close(t);
+            g_assert_cmpint(extree_mark_corrupt_image(be), ==, 0);
+        }
+        ct_read_super(be, &sb);
+        g_assert_cmpuint(GUINT32_FROM_LE(sb.log_lag), ==, 1);
+        g_assert_cmphex(GUINT64_FROM_LE(sb.incompat_features) &
+                        (EXTREE_INCOMPAT_CORRUPT | EXTREE_INCOMPAT_LOG_LAG),
+                        ==, EXTREE_INCOMPAT_CORRUPT | EXTREE_INCOMPAT_LOG_LAG);
+        /* marking it again changes nothing */
+        g_assert_cmpint(extree_mark_corrupt_image(be), ==, 0);
+
+        g_assert_cmpint(extree_open(be, NULL, &t, &err), ==, -EACCES);
+        g_free(err);
+        err = NULL;
+        t = ct_open_opts(be, true, 0, 0);
+        g_assert_null(extree_open_warning(t));
+        extree_mark_log_info(t, &li);
+        g_assert_cmpuint(li.map_replayed, ==, 1);
+        assert_reads(t, be, 3 * G64K, BS, 0x11);
+        assert_set(t, "b0", "3");
+        extree_close(t);
+
+        /* the repair stores the chain and clears the mark */
+        g_assert_cmpint(extree_open(be, &rep, &t, &err), ==, 0);
+        g_assert_cmpint(extree_check(t, true, &res, ct_report, &r), ==, 0);
+        g_assert_cmpuint(res.corruptions, ==, 0);
+        g_assert_cmpint(extree_clear_corrupt(t), ==, 0);
+        extree_close(t);
+        ct_read_super(be, &sb);
+        g_assert_cmpuint(GUINT32_FROM_LE(sb.log_lag), ==, 0);
+        g_assert_cmphex(GUINT64_FROM_LE(sb.incompat_features) &
+                        (EXTREE_INCOMPAT_CORRUPT | EXTREE_INCOMPAT_LOG_LAG),
+                        ==, 0);
+        t = ct_open(be);
+        extree_mark_log_info(t, &li);
+        g_assert_cmpuint(li.map_replayed, ==, 0);
+        assert_reads(t, be, 3 * G64K, BS, 0x11);
+        assert_set(t, "b0", "3");
+        ct_check_clean(t, NULL);
+        g_assert_true(extree_map_log_usable(t));
+        extree_close(t);
+        extree_mem_backend_free(be);
+    }
+
+    /* a chain that lies, on an image marked corrupt: committed state */
+    {
+        ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+        Extree *t = ct_open(be);
+        uint64_t used;
+        uint8_t data[BS];
+        uint8_t *rec;
+        uint64_t off, len;
+        ExtreeRun run;
+
+        ct_write(t, 0, G64K);
+        g_assert_cmpint(extree_bitmap_add(t, "b0", G64K, true), ==, 0);
+        g_assert_cmpint(extree_commit(t), ==, 0);
+        used = host_of(t, 0);
+        g_assert_cmpint(be->ops->pread(be->opaque, used, data, BS), ==, 0);
+        extree_map_log_add(t, 5 * G64K, BS, used, extree_crc32c(0, data, BS));
+        g_assert_cmpint(extree_map_log_records(t, &rec, &off, &len), ==, 0);
+        g_assert_cmpint(be->ops->pwrite(be->opaque, off, rec, len), ==, 0);
+        g_free(rec);
+        extree_close(t);
+        g_assert_cmpint(extree_mark_corrupt_image(be), ==, 0);
+        t = ct_open_opts(be, true, 0, 0);
+        g_assert_nonnull(strstr(extree_open_warning(t), "map records not "
+                                "replayed: corrupt mark log at offset"));
+        g_assert_cmpint(ct_lookup1(t, 5 * G64K, &run), ==, 0);
+        g_assert_cmpint(run.type, ==, EXTREE_RUN_UNALLOC);
+        extree_close(t);
+        /* the repair goes on without it: every bitmap marked whole */
+        g_assert_cmpint(extree_open(be, &rep, &t, &err), ==, 0);
+        g_assert_cmpint(extree_check(t, true, &res, ct_report, &r), ==, 0);
+        g_assert_cmpuint(res.corruptions, ==, 1);
+        g_assert_cmpuint(res.repaired_corruptions, ==, 1);
+        g_assert_cmpint(extree_check(t, true, &res, ct_report, &r), ==, 0);
+        g_assert_cmpuint(res.corruptions, ==, 0);
+        g_assert_cmpint(extree_clear_corrupt(t), ==, 0);
+        extree_close(t);
+        t = ct_open(be);
+        g_assert_cmpuint(dirty(t, "b0"), ==, VSIZE / G64K);
+        ct_check_clean(t, NULL);
+        extree_close(t);
+        extree_mem_backend_free(be);
+    }
+    g_ptr_array_free(r.msgs, true);
 }
 
 /*

@@ -448,9 +448,9 @@ static void test_unknown_bit(void)
     Extree *t = NULL;
 
     patch_super(be, SBF(incompat_features), 8,
-                EXTREE_INCOMPAT_ENCRYPTED | (1ULL << 7));
+                EXTREE_INCOMPAT_ENCRYPTED | (1ULL << 63));
     g_assert_cmpint(extree_open(be, &ro, &t, &err), ==, -ENOTSUP);
-    g_assert_nonnull(strstr(err, "Unsupported incompatible features 0x80"));
+    g_assert_nonnull(strstr(err, "Unsupported incompatible features 0x8000000000000000"));
     g_free(err);
     extree_mem_backend_free(be);
 }

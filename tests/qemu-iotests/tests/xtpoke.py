@@ -171,13 +171,15 @@ def main():
         print('incompatible features |= 0x%x' % mask)
     elif what in ('mark-log', 'mark-log-lie', 'mark-log-tear'):
         sb = img.slots[img.slot][1]
-        log_off, log_len = struct.unpack_from('<QI', sb, 256)
+        log_off, log_len, lag = struct.unpack_from('<QII', sb, 256)
+        # the chain of generation + 1, or older by the log lag (bit 7)
+        cgen = img.gen + 1 - lag
         chain = []
         for seq in range(log_len // 4096):
             r = img.read(log_off + seq * 4096, 4096)
             magic, gen, rseq, count, csum = struct.unpack_from('<QQIII', r)
             body = r[:24] + b'\0' * 4 + r[28:]
-            if (magic != 0x474f4c4b52414d58 or gen != img.gen + 1 or
+            if (magic != 0x474f4c4b52414d58 or gen != cgen or
                     rseq != seq or csum != crc32c(body)):
                 break
             kind = struct.unpack_from('<I', r, 28)[0]
@@ -191,6 +193,8 @@ def main():
                                                            32 + 16 * i)
                                         for i in range(count)]))
         if what == 'mark-log':
+            if lag:
+                print('log lag: %d' % lag)
             print('mark log: %d records' % len(chain))
             for seq, (kind, items) in enumerate(chain):
                 if kind == 'map':
@@ -202,8 +206,8 @@ def main():
         elif what == 'mark-log-lie':
             seq = len(chain)
             r = bytearray(4096)
-            struct.pack_into('<QQII', r, 0, 0x474f4c4b52414d58, img.gen + 1,
-                             seq, 1)
+            struct.pack_into('<QQII', r, 0, 0x474f4c4b52414d58, cgen, seq,
+                             1)
             struct.pack_into('<QQ', r, 32, int(sys.argv[3], 0),
                              int(sys.argv[4], 0))
             struct.pack_into('<I', r, 24, crc32c(bytes(r)))
