@@ -163,6 +163,41 @@ void xt_bitmaps_sync(BDRVExtreeState *s, bool full)
 }
 
 /*
+ * Would xt_bitmaps_sync(s, false) change anything?  Only guest writes since
+ * the last sync (the core marked them itself) and no new bitmap: false.
+ * The same bitmaps are skipped as there.  Called with s->lock held.
+ */
+bool xt_bitmaps_sync_needed(BDRVExtreeState *s)
+{
+    BdrvDirtyBitmap *bm;
+    uint64_t vsize;
+
+    if (!s->t || s->core_read_only || s->inactive) {
+        return false;
+    }
+    if (s->bitmaps_resync) {
+        return true;
+    }
+    vsize = extree_virtual_size(s->t);
+    FOR_EACH_DIRTY_BITMAP(s->bs, bm) {
+        const char *name = bdrv_dirty_bitmap_name(bm);
+
+        if (!name || !bdrv_dirty_bitmap_get_persistence(bm) ||
+            (s->bitmap_removing && !strcmp(name, s->bitmap_removing)) ||
+            bdrv_dirty_bitmap_inconsistent(bm) ||
+            bdrv_dirty_bitmap_size(bm) != vsize) {
+            continue;
+        }
+        if (extree_bitmap_find(s->t, name) < 0 ||
+            bdrv_dirty_bitmap_has_successor(bm) ||
+            xt_synced_gen(s, name) != bdrv_dirty_bitmap_change_gen(bm)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/*
  * Make QEMU's bitmaps from the core's, at open and after invalidation: a
  * bitmap QEMU has already (migrated to this side) stays as it is, and the
  * next commit stores it.  Read-only images get read-only bitmaps.

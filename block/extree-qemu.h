@@ -542,6 +542,7 @@ xt_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
 /* extree-dirty.c: persistent dirty bitmaps */
 bool xt_bitmaps_any(BDRVExtreeState *s);
 void xt_bitmaps_sync(BDRVExtreeState *s, bool full);
+bool xt_bitmaps_sync_needed(BDRVExtreeState *s);
 int xt_bitmaps_load(BDRVExtreeState *s, Error **errp);
 void xt_bitmaps_release(BDRVExtreeState *s);
 void xt_bitmaps_set_readonly(BDRVExtreeState *s, bool ro);

@@ -323,7 +323,14 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_or_log(BDRVExtreeState *s,
         return 0;
     }
     bitmaps = xt_bitmaps_any(s);
-    if (!bitmaps && !extree_is_dirty(s->t)) {
+    if (!extree_is_dirty(s->t) &&
+        (!bitmaps || (may_log && !xt_bitmaps_sync_needed(s)))) {
+        /*
+         * Nothing to store, and a flush need not give the core bits it
+         * has (a sync without changes): no gate.  Closing it made every
+         * flush wait for every request in flight and hold back new ones,
+         * so concurrent flushes and mark records could not be batched
+         */
         return 0;
     }
     trace_extree_commit_start(s, extree_generation(s->t) + 1,
