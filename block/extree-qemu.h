@@ -197,11 +197,15 @@ typedef struct BDRVExtreeState {
      * @deferred_bytes: what is held, bounded by XT_DEFER_MAX_*.
      * @deferred_err: the first failure of one, which every flush returns
      * from then on (the guest was told that the write succeeded).  Waiters
-     * for a flush wait on @deferred_queue.  Protected by lock; each is
-     * also counted in bs->in_flight, so that a drain waits for it.
+     * for a flush wait on @deferred_queue.  @writes_since_flush: guest
+     * writes since the last flush, counted up to XT_DEFER_QUIET_WRITES
+     * (below it none is deferred).  Protected by lock; each deferred
+     * write is also counted in bs->in_flight, so that a drain waits for
+     * it.
      */
     BlockReqList deferred_reqs;
     unsigned deferred_count;
+    unsigned writes_since_flush;
     uint64_t deferred_bytes;
     uint64_t deferred_seq;
     int deferred_err;

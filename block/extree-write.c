@@ -499,6 +499,14 @@ xt_settle_range(BDRVExtreeState *s, uint64_t start, uint64_t end)
  * anyway; a flush waits for them (xt_co_flush_to_os()).  Bounded:
  */
 #define XT_DEFER_MAX_WRITE      (256 * KiB)     /* larger ones wait */
+/*
+ * and only while the guest is not flushing after nearly every write: its
+ * next flush waits for the record anyway, and acknowledging early only
+ * lets it queue more flushes behind the same record, so each record took
+ * fewer writes (fio's --fsync=16 job sends about one flush a write:
+ * 7,868 IOPS deferring, 10,352 not, alternating, 3 rounds, medians)
+ */
+#define XT_DEFER_QUIET_WRITES   16
 #define XT_DEFER_MAX_BYTES      (16 * MiB)      /* data held at once */
 /* writes held at once: two records' worth (one written, one filling) */
 #define XT_DEFER_MAX_COUNT      (2 * EXTREE_MARK_LOG_RANGES)
@@ -594,6 +602,7 @@ static bool coroutine_fn xt_defer_write(BDRVExtreeState *s, uint64_t offset,
     void *buf;
 
     if (bytes > XT_DEFER_MAX_WRITE ||
+        s->writes_since_flush < XT_DEFER_QUIET_WRITES ||
         s->deferred_count >= XT_DEFER_MAX_COUNT ||
         s->deferred_bytes + bytes > XT_DEFER_MAX_BYTES ||
         /* came while this one looked up: they were concurrent */
@@ -635,6 +644,9 @@ xt_pwritev_flags(BlockDriverState *bs, int64_t offset, int64_t bytes,
     logged = false;
     if (ret < 0) {
         return ret;
+    }
+    if (!flags && s->writes_since_flush < XT_DEFER_QUIET_WRITES) {
+        s->writes_since_flush++;
     }
     if (!(flags & XT_WRITE_DEFERRED)) {
         /* an acknowledged write to the range goes first */
@@ -779,6 +791,7 @@ int coroutine_fn GRAPH_RDLOCK xt_co_flush_to_os(BlockDriverState *bs)
     ret = xt_enter(s);
     if (ret == 0) {
         /* the writes acknowledged before this flush are written first */
+        s->writes_since_flush = 0;
         xt_wait_deferred_upto(s, s->deferred_seq);
         ret = s->deferred_err;
         if (ret == 0) {
