@@ -64,6 +64,21 @@ static void xt_set_synced_gen(BDRVExtreeState *s, const char *name,
                         g_memdup2(&gen, sizeof(gen)));
 }
 
+/*
+ * Bitmaps the core does not take from QEMU: not persistent, being
+ * removed, inconsistent, or of another size than the disk
+ */
+static bool xt_sync_skips(BDRVExtreeState *s, BdrvDirtyBitmap *bm,
+                          uint64_t vsize)
+{
+    const char *name = bdrv_dirty_bitmap_name(bm);
+
+    return !name || !bdrv_dirty_bitmap_get_persistence(bm) ||
+           (s->bitmap_removing && !strcmp(name, s->bitmap_removing)) ||
+           bdrv_dirty_bitmap_inconsistent(bm) ||
+           bdrv_dirty_bitmap_size(bm) != vsize;
+}
+
 bool xt_bitmaps_any(BDRVExtreeState *s)
 {
     BdrvDirtyBitmap *bm;
@@ -117,10 +132,7 @@ void xt_bitmaps_sync(BDRVExtreeState *s, bool full)
         uint8_t *buf;
         int i, ret;
 
-        if (!name || !bdrv_dirty_bitmap_get_persistence(bm) ||
-            (s->bitmap_removing && !strcmp(name, s->bitmap_removing)) ||
-            bdrv_dirty_bitmap_inconsistent(bm) ||
-            bdrv_dirty_bitmap_size(bm) != vsize) {
+        if (xt_sync_skips(s, bm, vsize)) {
             continue;
         }
         enabled = bdrv_dirty_bitmap_enabled(bm);
@@ -165,7 +177,7 @@ void xt_bitmaps_sync(BDRVExtreeState *s, bool full)
 /*
  * Would xt_bitmaps_sync(s, false) change anything?  Only guest writes since
  * the last sync (the core marked them itself) and no new bitmap: false.
- * The same bitmaps are skipped as there.  Called with s->lock held.
+ * Called with s->lock held.
  */
 bool xt_bitmaps_sync_needed(BDRVExtreeState *s)
 {
@@ -182,10 +194,7 @@ bool xt_bitmaps_sync_needed(BDRVExtreeState *s)
     FOR_EACH_DIRTY_BITMAP(s->bs, bm) {
         const char *name = bdrv_dirty_bitmap_name(bm);
 
-        if (!name || !bdrv_dirty_bitmap_get_persistence(bm) ||
-            (s->bitmap_removing && !strcmp(name, s->bitmap_removing)) ||
-            bdrv_dirty_bitmap_inconsistent(bm) ||
-            bdrv_dirty_bitmap_size(bm) != vsize) {
+        if (xt_sync_skips(s, bm, vsize)) {
             continue;
         }
         if (extree_bitmap_find(s->t, name) < 0 ||

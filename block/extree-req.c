@@ -355,6 +355,8 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_or_log(BDRVExtreeState *s,
         if (ret != -ENOSPC) {
             goto out;
         }
+    } else if (may_log) {
+        extree_map_log_flush_commit(s->t);
     }
     /* the free-space tree's nodes are allocated now */
     xt_grow_before_nodes(s, 0);

@@ -617,6 +617,7 @@ static int xp_fua_locked(void)
     if (extree_is_dirty(xp.t) && extree_map_log_sync_wanted(xp.t)) {
         ret = xp_map_log_locked();
     } else if (extree_is_dirty(xp.t)) {
+        extree_map_log_flush_commit(xp.t);
         ret = xp_commit_locked();
     } else {
         ret = fdatasync(xp.fd) < 0 ? -errno : 0;

@@ -707,7 +707,10 @@ typedef struct ExtreeBitmaps {
      * must commit (@unlogged); an update made for a map entry is running
      * (@logging: it does not set @unlogged).  The open of an image
      * marked corrupt whose chain did not apply tries again without it
-     * (@map_failed, then @map_skip).
+     * (@map_failed, then @map_skip).  A log of map records only is wanted
+     * without bitmaps (@map_wanted): the image had one at open, or the
+     * handle's flushes committed EXTREE_MAP_LOG_AFTER times
+     * (@flush_commits, counted while there is no log).
      * All under the caller's serialisation of the handle (extree.h).
      */
     GArray *map_pending;
@@ -716,6 +719,8 @@ typedef struct ExtreeBitmaps {
     uint32_t map_replayed;
     bool unlogged, logging;
     bool map_failed, map_skip;
+    bool map_wanted;
+    uint32_t flush_commits;
 } ExtreeBitmaps;
 
 /* What a checker's handle found at open (extree-check.c) */

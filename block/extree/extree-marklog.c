@@ -208,6 +208,9 @@ int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
     t->bm.log = sb->mark_log;
     t->bm.log_len = sb->mark_log_len;
     t->bm.log_ok = sb->mark_log != 0;
+    /* a log without bitmaps holds map records only: it stays */
+    t->bm.map_wanted = sb->mark_log && !sb->bitmap_count;
+    t->bm.flush_commits = 0;
     t->bm.log_next = t->bm.log_replayed = 0;
     t->bm.map_replayed = 0;
     map_state_clear(t);
@@ -408,6 +411,15 @@ void extree_mark_log_info(const Extree *t, ExtreeMarkLogInfo *info)
 
 /* ---- Map records ---- */
 
+void extree_map_log_flush_commit(Extree *t)
+{
+    if (!t->bm.log && !t->bm.map_wanted &&
+        ++t->bm.flush_commits >= EXTREE_MAP_LOG_AFTER) {
+        /* this commit adds the log (extree_mark_log_commit_prepare()) */
+        t->bm.map_wanted = true;
+    }
+}
+
 bool extree_map_log_usable(Extree *t)
 {
     return (t->incompat & EXTREE_INCOMPAT_MAP_LOG) && !t->bm.no_log &&
@@ -540,7 +552,9 @@ int extree_map_log_sync(Extree *t)
  */
 int extree_mark_log_commit_prepare(Extree *t)
 {
-    bool want = extree_bitmap_count(t) && !t->bm.no_log;
+    /* for marks with bitmaps, for map records alone without */
+    bool want = (extree_bitmap_count(t) || t->bm.map_wanted) &&
+                !t->bm.no_log;
     uint64_t len = EXTREE_ROUND_UP(EXTREE_MARK_LOG_DEFAULT, t->block_size);
     int ret;
 

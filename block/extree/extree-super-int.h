@@ -170,6 +170,13 @@ int extree_mark_log_commit_prepare(Extree *t);
 void extree_mark_log_commit_done(Extree *t);
 /* Map records: what a replay reads at most before a checkpoint commits */
 #define EXTREE_MAP_LOG_MAX_BYTES (256 * 1024 * 1024)
+/*
+ * Flushes of a handle that had to commit, with no log, before the next
+ * commit adds a log for map records to an image without bitmaps: an image
+ * flushed that often (a database, a booting guest) gains one device flush
+ * a flush; one written and flushed a few times keeps its layout
+ */
+#define EXTREE_MAP_LOG_AFTER    8
 void extree_map_log_add(Extree *t, uint64_t guest, uint64_t bytes,
                         uint64_t host, uint32_t csum);
 /* Does a map entry of the chain or waiting for one map host bytes here? */

@@ -310,7 +310,8 @@ int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
     if (!(s->incompat & EXTREE_INCOMPAT_MARK_LOG) !=
         (!s->mark_log && !s->mark_log_len) ||
         (s->mark_log &&
-         (!(s->incompat & EXTREE_INCOMPAT_BITMAPS) ||
+         (!(s->incompat & (EXTREE_INCOMPAT_BITMAPS |
+                           EXTREE_INCOMPAT_MAP_LOG)) ||
           !EXTREE_IS_ALIGNED(s->mark_log, s->block_size) ||
           !EXTREE_IS_ALIGNED(s->mark_log_len, s->block_size) ||
           !EXTREE_IS_ALIGNED(s->mark_log_len, EXTREE_MARK_LOG_RECORD) ||

@@ -800,6 +800,13 @@ bool extree_map_log_usable(Extree *t);
 int extree_map_data_logged(Extree *t, uint64_t guest, uint64_t bytes,
                            uint64_t host, uint32_t csum);
 bool extree_map_log_sync_wanted(Extree *t);
+/*
+ * A flush is about to commit because no records could hold its changes:
+ * after EXTREE_MAP_LOG_AFTER of them, that commit adds a log for map
+ * records to an image without bitmaps (it has one with them), unless
+ * ExtreeOpenOptions.no_mark_log
+ */
+void extree_map_log_flush_commit(Extree *t);
 int extree_map_log_records(Extree *t, uint8_t **records, uint64_t *offset,
                            uint64_t *len);
 void extree_map_log_failed(Extree *t);

@@ -746,6 +746,25 @@ static void seed_map_log(const char *dir)
 }
 
 /*
+ * Map records without bitmaps: the log added after eight flushes that
+ * committed (bits 5 and 6 without bit 4), then three map records
+ */
+static void seed_map_log_plain(const char *dir)
+{
+    static const uint64_t map_blk[] = { 3000, 3001, 3900 };
+    Gen g;
+
+    gen_start(&g, 2 << 20, 512, 4096, NULL, 14);
+    for (int i = 0; i < EXTREE_MAP_LOG_AFTER; i++) {
+        gen_write(&g, 40 + i * 37, 1 + i % 3);
+        extree_map_log_flush_commit(g.t);
+        gen_commit(&g);
+    }
+    gen_finish_log(&g, dir, "map-log-plain-512.img", 1, NULL, 0, map_blk,
+                   G_N_ELEMENTS(map_blk));
+}
+
+/*
  * The same, marked corrupt afterwards (log lag bit): a superblock one
  * generation on whose readers replay the chain of the one before
  */
@@ -781,6 +800,7 @@ int main(int argc, char **argv)
     seed_mark_log(argv[1]);
     seed_map_log(argv[1]);
     seed_map_log_corrupt(argv[1]);
+    seed_map_log_plain(argv[1]);
     seed_crypt(argv[1]);
     seed_compressed(argv[1]);
     return 0;

@@ -1474,6 +1474,76 @@ static void test_map_log_corrupt(void)
 }
 
 /*
+ * Without bitmaps: after EXTREE_MAP_LOG_AFTER flushes that had to commit,
+ * the next commit adds a log for map records alone (no bitmap bit); a
+ * flush then writes records, which a reopen replays; the log stays at
+ * the next open, and no_mark_log frees it
+ */
+static void test_map_log_no_bitmaps(void)
+{
+    ExtreeBackend *be = ct_create(VSIZE, BS, NS);
+    ExtreeOpenOptions nolog = { .no_mark_log = true };
+    ExtreeOpenOptions ro = { .read_only = true, .check = true };
+    CtReport r = { g_ptr_array_new_with_free_func(g_free) };
+    ExtreeCheckResult res;
+    ExtreeMarkLogInfo li;
+    Extree *t = ct_open(be);
+    char *err = NULL;
+
+    for (int i = 0; i < EXTREE_MAP_LOG_AFTER; i++) {
+        g_assert_false(extree_map_log_usable(t));
+        ct_write(t, i * G64K, BS);
+        g_assert_false(extree_map_log_sync_wanted(t));
+        extree_map_log_flush_commit(t);
+        g_assert_cmpint(extree_commit(t), ==, 0);
+    }
+    g_assert_cmphex(extree_incompat_features(t) &
+                    (EXTREE_INCOMPAT_MARK_LOG | EXTREE_INCOMPAT_MAP_LOG |
+                     EXTREE_INCOMPAT_BITMAPS), ==,
+                    EXTREE_INCOMPAT_MARK_LOG | EXTREE_INCOMPAT_MAP_LOG);
+    g_assert_true(extree_map_log_usable(t));
+    map_write(t, be, 20 * G64K, BS, 0x5a);
+    g_assert_true(extree_map_log_sync_wanted(t));
+    g_assert_cmpint(extree_map_log_sync(t), ==, 0);
+    extree_close(t);                    /* a crash: nothing committed */
+
+    t = ct_open_opts(be, true, 0, 0);
+    extree_mark_log_info(t, &li);
+    g_assert_cmpuint(li.map_replayed, ==, 1);
+    assert_reads(t, be, 20 * G64K, BS, 0x5a);
+    extree_close(t);
+    g_assert_cmpint(extree_open(be, &ro, &t, &err), ==, 0);
+    g_assert_cmpint(extree_check(t, false, &res, ct_report, &r), ==, 0);
+    g_assert_cmpuint(res.corruptions, ==, 0);
+    g_assert_cmpuint(res.leaks, ==, 0);
+    extree_close(t);
+
+    /* a writer replays them and keeps the log across a commit */
+    t = ct_open(be);
+    assert_reads(t, be, 20 * G64K, BS, 0x5a);
+    g_assert_true(extree_map_log_usable(t));
+    ct_write(t, 30 * G64K, BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmphex(extree_incompat_features(t) & EXTREE_INCOMPAT_MARK_LOG,
+                    ==, EXTREE_INCOMPAT_MARK_LOG);
+    ct_check_clean(t, NULL);
+    extree_close(t);
+
+    /* mark-log=off: the next commit frees it, and its feature bits */
+    g_assert_cmpint(extree_open(be, &nolog, &t, &err), ==, 0);
+    ct_write(t, 31 * G64K, BS);
+    g_assert_cmpint(extree_commit(t), ==, 0);
+    g_assert_cmphex(extree_incompat_features(t) &
+                    (EXTREE_INCOMPAT_MARK_LOG | EXTREE_INCOMPAT_MAP_LOG),
+                    ==, 0);
+    ct_check_clean(t, NULL);
+    assert_reads(t, be, 20 * G64K, BS, 0x5a);
+    extree_close(t);
+    g_ptr_array_free(r.msgs, true);
+    extree_mem_backend_free(be);
+}
+
+/*
  * A record of the chain with a valid checksum but a range outside the
  * disk: the open fails naming the log; check reports it and -r all marks
  * every enabled bitmap whole.  With no_mark_log no log is added.
@@ -1562,5 +1632,6 @@ int main(int argc, char **argv)
     g_test_add_func("/bitmap/mark-log-damage", test_mark_log_damage);
     g_test_add_func("/bitmap/map-log", test_map_log);
     g_test_add_func("/bitmap/map-log-corrupt", test_map_log_corrupt);
+    g_test_add_func("/bitmap/map-log-no-bitmaps", test_map_log_no_bitmaps);
     return g_test_run();
 }
