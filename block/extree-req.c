@@ -216,6 +216,8 @@ void coroutine_fn xt_alloc_done(BlockReq *req)
 void coroutine_fn xt_wait_deferred(BDRVExtreeState *s, uint64_t start,
                                    uint64_t end)
 {
+    /* one waiting for a flush would keep this waiter until it timed out */
+    xt_kick_deferred(s, start, end);
     while (reqlist_wait_one(&s->deferred_reqs, start,
                             xt_req_bytes(start, end), &s->lock)) {
         /* look again: another may have come meanwhile */
@@ -333,6 +335,12 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_or_log(BDRVExtreeState *s,
          */
         return 0;
     }
+    /*
+     * The commit ends the chain, and with it the data records: the writes
+     * in place they let go must be written first (before the gate: they
+     * pass it)
+     */
+    xt_wait_deferred_logged(s);
     trace_extree_commit_start(s, extree_generation(s->t) + 1,
                               s->io_inflight);
     s->commit_waiting++;
