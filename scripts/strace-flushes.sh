@@ -9,6 +9,7 @@
 # so that a FUA write is a write and an fdatasync (with aio=native it is
 # one io_submit).  Use a new SEED for each run on the same image: offsets
 # already written since the bitmap's clear no longer need a mark.
+# FMT=qcow2: the same for another format's image (default extree).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 img=$1 opts=${2:-} seed=${3:-7}
@@ -17,7 +18,7 @@ sock=$tmp/qsd.sock
 strace -f -c -o "$tmp/strace" -e trace=fdatasync,pwrite64,pwritev \
     "$top/build/qemu/storage-daemon/qemu-storage-daemon" \
     --blockdev "driver=file,node-name=file,filename=$img,cache.direct=on,aio=threads" \
-    --blockdev "driver=extree,node-name=fmt,file=file$opts" \
+    --blockdev "driver=${FMT:-extree},node-name=fmt,file=file$opts" \
     --nbd-server "addr.type=unix,addr.path=$sock" \
     --export type=nbd,id=exp,node-name=fmt,name=fmt,writable=on &
 spid=$!

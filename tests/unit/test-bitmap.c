@@ -1545,7 +1545,7 @@ static void test_map_log_no_bitmaps(void)
     extree_mem_backend_free(be);
 }
 
-/* Data records of @n entries of @len bytes at @guest[i], filled with @byte + i */
+/* Data records of @n entries of @len bytes at @guest[i], bytes @byte + i */
 static void data_records(Extree *t, ExtreeBackend *be, const uint64_t *guest,
                          unsigned n, uint32_t len, uint8_t byte,
                          uint64_t *rec_off)
