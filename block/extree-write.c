@@ -938,7 +938,13 @@ xt_pwritev_flags(BlockDriverState *bs, int64_t offset, int64_t bytes,
         first = false;
     }
     extree_cursor_release(&cur);
-    xt_update_done(s);
+    if (!(flags & XT_WRITE_LOGGED)) {
+        /*
+         * (not for a data record's write in place: a commit it asked for
+         * would wait for this write to complete, xt_commit_or_log())
+         */
+        xt_update_done(s);
+    }
     xt_leave(s);
     trace_extree_co_pwritev_done(s, offset, ret);
     return ret < 0 ? ret : 0;
