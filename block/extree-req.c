@@ -335,17 +335,26 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_or_log(BDRVExtreeState *s,
          */
         return 0;
     }
-    /*
-     * The commit ends the chain, and with it the data records: the writes
-     * in place they let go must be written first (before the gate: they
-     * pass it)
-     */
-    xt_wait_deferred_logged(s);
     trace_extree_commit_start(s, extree_generation(s->t) + 1,
                               s->io_inflight);
-    s->commit_waiting++;
-    while (s->io_inflight > 0) {
-        xt_queue_wait(s, &s->commit_queue);
+    for (;;) {
+        /*
+         * The commit ends the chain, and with it the data records: the
+         * writes in place they let go must be written first (before the
+         * gate: they pass it)
+         */
+        xt_wait_deferred_logged(s);
+        s->commit_waiting++;
+        while (s->io_inflight > 0) {
+            xt_queue_wait(s, &s->commit_queue);
+        }
+        if (!s->deferred_logged) {
+            break;
+        }
+        /* a flush's data records became durable meanwhile: those first */
+        if (--s->commit_waiting == 0) {
+            qemu_co_queue_restart_all(&s->io_queue);
+        }
     }
     /*
      * QEMU's bitmaps now hold every write in place that completed, and no

@@ -519,6 +519,13 @@ xt_settle_range(BDRVExtreeState *s, uint64_t start, uint64_t end)
 typedef enum XtDeferState {
     XT_DW_LINGER,               /* waits for a flush's data record */
     XT_DW_LOGGED,               /* in one, not yet durable */
+    /*
+     * Durable in one: its write in place waits for the next flush that
+     * writes records, which issues it beside its own records and covers
+     * it with its device flush (written now, it would make every later
+     * flush flush the device again), or for XT_LINGER_NS
+     */
+    XT_DW_PARKED,
     XT_DW_GO,                   /* to be written (durable if @logged) */
 } XtDeferState;
 
@@ -559,8 +566,8 @@ void coroutine_fn xt_kick_deferred(BDRVExtreeState *s, uint64_t start,
     QLIST_FOREACH(req, &s->deferred_reqs, list) {
         XtDeferredWrite *dw = container_of(req, XtDeferredWrite, req);
 
-        if (dw->state == XT_DW_LINGER && req->offset < end &&
-            start < req->offset + req->bytes) {
+        if ((dw->state == XT_DW_LINGER || dw->state == XT_DW_PARKED) &&
+            req->offset < end && start < req->offset + req->bytes) {
             xt_deferred_go(dw);
         }
     }
@@ -595,8 +602,23 @@ static void coroutine_fn xt_wait_deferred_upto(BDRVExtreeState *s,
     }
 }
 
+/* Let every parked write go; called with s->lock held */
+static void xt_unpark_deferred(BDRVExtreeState *s)
+{
+    BlockReq *req;
+
+    QLIST_FOREACH(req, &s->deferred_reqs, list) {
+        XtDeferredWrite *dw = container_of(req, XtDeferredWrite, req);
+
+        if (dw->state == XT_DW_PARKED) {
+            xt_deferred_go(dw);
+        }
+    }
+}
+
 void coroutine_fn xt_wait_deferred_logged(BDRVExtreeState *s)
 {
+    xt_unpark_deferred(s);
     while (s->deferred_logged) {
         xt_queue_wait(s, &s->deferred_queue);
     }
@@ -626,6 +648,13 @@ static void coroutine_fn xt_deferred_write_entry(void *opaque)
     /* a flush took it (perhaps before this coroutine first ran) */
     while (dw->state == XT_DW_LOGGED) {
         xt_queue_wait(s, &s->deferred_queue);
+    }
+    if (dw->state == XT_DW_PARKED) {
+        qemu_co_mutex_unlock(&s->lock);
+        qemu_co_sleep_ns_wakeable(&dw->sleep, QEMU_CLOCK_REALTIME,
+                                  XT_LINGER_NS);
+        qemu_co_mutex_lock(&s->lock);
+        dw->state = XT_DW_GO;
     }
     if (dw->logged) {
         flags |= XT_WRITE_LOGGED;
@@ -755,6 +784,8 @@ xt_data_log_flush(BDRVExtreeState *s, uint64_t upto)
         xt_queue_wait(s, &s->mark_queue);
     }
     s->mark_busy = true;
+    /* the writes in place of the last records go beside these records */
+    xt_unpark_deferred(s);
     dws = g_new(XtDeferredWrite *, s->deferred_count);
     e = g_new(ExtreeDataEntry, s->deferred_count);
     n = 0;
@@ -782,10 +813,19 @@ xt_data_log_flush(BDRVExtreeState *s, uint64_t upto)
          * new to flush, so the guest's flush costs this one
          */
         ret = bdrv_co_pwrite(s->bs->file, off, len, buf, 0);
-        if (ret == 0) {
-            ret = bdrv_co_flush(s->bs->file->bs);
-        }
         xt_lock(s);
+        /*
+         * ... and are complete before the device flush, which covers them
+         * too: the flush after this one finds nothing to flush
+         */
+        while (s->deferred_logged) {
+            xt_queue_wait(s, &s->deferred_queue);
+        }
+        if (ret == 0) {
+            qemu_co_mutex_unlock(&s->lock);
+            ret = bdrv_co_flush(s->bs->file->bs);
+            xt_lock(s);
+        }
         qemu_vfree(buf);
         if (ret == 0) {
             extree_data_log_durable(s->t, e, taken);
@@ -795,7 +835,11 @@ xt_data_log_flush(BDRVExtreeState *s, uint64_t upto)
         for (unsigned i = 0; i < taken; i++) {
             dws[i]->logged = ret == 0;
             s->deferred_logged += ret == 0;
-            xt_deferred_go(dws[i]);
+            if (ret == 0) {
+                dws[i]->state = XT_DW_PARKED;
+            } else {
+                xt_deferred_go(dws[i]);
+            }
         }
         trace_extree_data_log_write(s, off, len, taken, ret);
         qemu_co_queue_restart_all(&s->deferred_queue);

@@ -714,8 +714,12 @@ bool extree_data_log_usable(Extree *t)
 void extree_data_log_want(Extree *t)
 {
     if (!t->bm.data_wanted && t->bm.log && !t->read_only && !t->bm.no_log) {
-        /* the next commit sets the feature */
+        /*
+         * the next commit sets the feature; no record holds that, so the
+         * next flush commits (map records alone would leave it pending)
+         */
         t->bm.data_wanted = true;
+        t->bm.unlogged = true;
         t->super_dirty = true;
     }
 }
