@@ -204,12 +204,6 @@ typedef struct BDRVExtreeState {
      * it.
      */
     BlockReqList deferred_reqs;
-    /*
-     * Of them, those a data record holds whose write in place has not
-     * completed: a commit waits for them first (the record's chain ends
-     * with it, so their bytes must be in place).  Protected by lock.
-     */
-    unsigned deferred_logged;
     unsigned deferred_count;
     unsigned writes_since_flush;
     uint64_t deferred_bytes;
@@ -389,14 +383,6 @@ void coroutine_fn xt_alloc_done(BlockReq *req);
  * Wait until no deferred write (xt_defer_write()) overlaps guest [@start,
  * @end) (UINT64_MAX: to the end).  s->lock held; dropped while waiting.
  */
-/*
- * Let the deferred writes that overlap guest [@start, @end) and linger
- * for a flush's data record (extree-write.c) go their own way now
- */
-void coroutine_fn xt_kick_deferred(BDRVExtreeState *s, uint64_t start,
-                                   uint64_t end);
-/* A flush's data records (extree-write.c); see xt_commit_or_log() */
-void coroutine_fn xt_wait_deferred_logged(BDRVExtreeState *s);
 void coroutine_fn xt_wait_deferred(BDRVExtreeState *s, uint64_t start,
                                    uint64_t end);
 /*

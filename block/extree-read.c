@@ -159,27 +159,6 @@ xt_read_compressed(BDRVExtreeState *s, const ExtreeRun *run,
 }
 
 /*
- * Lay the bytes of the data records a read-only handle replayed over DATA
- * run @run, read into @qiov at @qiov_offset (its blocks may hold older
- * bytes: the writes in place may not have happened before the crash)
- */
-static int coroutine_fn
-xt_read_overlay(BDRVExtreeState *s, const ExtreeRun *run, QEMUIOVector *qiov,
-                size_t qiov_offset)
-{
-    uint8_t *buf = g_try_malloc(run->length);
-
-    if (!buf) {
-        return -ENOMEM;
-    }
-    qemu_iovec_to_buf(qiov, qiov_offset, buf, run->length);
-    extree_data_log_overlay(s->t, run->guest, run->length, buf);
-    qemu_iovec_from_buf(qiov, qiov_offset, buf, run->length);
-    g_free(buf);
-    return 0;
-}
-
-/*
  * One lookup of up to EXTREE_READ_BATCH runs with the request's cursor,
  * then their I/O without the lock.  DATA runs are host-contiguous pieces
  * already merged by the cursor (EXTREE_COALESCE_HOST): one host read each.
@@ -191,7 +170,6 @@ xt_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
 {
     BDRVExtreeState *s = bs->opaque;
     ExtreeRun runs[EXTREE_READ_BATCH];
-    bool overlay[EXTREE_READ_BATCH];
     ExtreeCursor cur;
     int ret = 0;
 
@@ -226,9 +204,6 @@ xt_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
             if (ret < 0) {
                 break;
             }
-            /* a read-only handle's data records after a crash */
-            overlay[nr] = runs[nr].type == EXTREE_RUN_DATA &&
-                          extree_data_log_overlaps(s->t, pos, runs[nr].length);
             pos += runs[nr].length;
             left -= runs[nr].length;
             nr++;
@@ -253,9 +228,6 @@ xt_co_preadv_part(BlockDriverState *bs, int64_t offset, int64_t bytes,
                 BLKDBG_CO_EVENT(bs->file, BLKDBG_READ_AIO);
                 ret = bdrv_co_preadv_part(bs->file, run->host, run->length,
                                           qiov, qoff, 0);
-                if (ret >= 0 && overlay[i]) {
-                    ret = xt_read_overlay(s, run, qiov, qoff);
-                }
             } else if (run->type == EXTREE_RUN_COMPRESSED) {
                 BLKDBG_CO_EVENT(bs->file, BLKDBG_READ_COMPRESSED);
                 ret = xt_read_compressed(s, run, qiov, qoff);
@@ -298,7 +270,6 @@ xt_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
 {
     BDRVExtreeState *s = bs->opaque;
     ExtreeRun run;
-    bool stale;
     int ret;
 
     ret = xt_enter(s);
@@ -314,9 +285,6 @@ xt_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
     ret = xt_query(s, &s->status_cursor, offset, bytes,
                    want_zero ? EXTREE_COALESCE_STATUS : EXTREE_COALESCE_ALLOC,
                    &run);
-    /* the host bytes are not all the data: a data record lies over them */
-    stale = ret == 0 && run.type == EXTREE_RUN_DATA &&
-            extree_data_log_overlaps(s->t, offset, run.length);
     xt_leave(s);
     if (ret < 0) {
         return ret;
@@ -327,7 +295,7 @@ xt_co_block_status(BlockDriverState *bs, bool want_zero, int64_t offset,
     *pnum = run.length;
     switch (run.type) {
     case EXTREE_RUN_DATA:
-        if (!want_zero || s->crypto || stale) {
+        if (!want_zero || s->crypto) {
             /* the host bytes of an encrypted image are not the data */
             return BDRV_BLOCK_DATA;
         }

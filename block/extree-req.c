@@ -216,8 +216,6 @@ void coroutine_fn xt_alloc_done(BlockReq *req)
 void coroutine_fn xt_wait_deferred(BDRVExtreeState *s, uint64_t start,
                                    uint64_t end)
 {
-    /* one waiting for a flush would keep this waiter until it timed out */
-    xt_kick_deferred(s, start, end);
     while (reqlist_wait_one(&s->deferred_reqs, start,
                             xt_req_bytes(start, end), &s->lock)) {
         /* look again: another may have come meanwhile */
@@ -337,24 +335,9 @@ int coroutine_fn GRAPH_RDLOCK xt_commit_or_log(BDRVExtreeState *s,
     }
     trace_extree_commit_start(s, extree_generation(s->t) + 1,
                               s->io_inflight);
-    for (;;) {
-        /*
-         * The commit ends the chain, and with it the data records: the
-         * writes in place they let go must be written first (before the
-         * gate: they pass it)
-         */
-        xt_wait_deferred_logged(s);
-        s->commit_waiting++;
-        while (s->io_inflight > 0) {
-            xt_queue_wait(s, &s->commit_queue);
-        }
-        if (!s->deferred_logged) {
-            break;
-        }
-        /* a flush's data records became durable meanwhile: those first */
-        if (--s->commit_waiting == 0) {
-            qemu_co_queue_restart_all(&s->io_queue);
-        }
+    s->commit_waiting++;
+    while (s->io_inflight > 0) {
+        xt_queue_wait(s, &s->commit_queue);
     }
     /*
      * QEMU's bitmaps now hold every write in place that completed, and no

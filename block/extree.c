@@ -966,12 +966,6 @@ xt_get_specific_info(BlockDriverState *bs, Error **errp)
         x->mark_log->records = li.records;
         x->mark_log->map_records = li.maps;
         x->mark_log->replayed_map_entries = li.map_replayed;
-        if (li.data) {
-            x->mark_log->has_data_records = true;
-            x->mark_log->data_records = true;
-            x->mark_log->has_replayed_data_entries = true;
-            x->mark_log->replayed_data_entries = li.data_replayed;
-        }
     }
     if (s->crypto) {
         QCryptoBlockInfo *encrypt = qcrypto_block_get_info(s->crypto, errp);

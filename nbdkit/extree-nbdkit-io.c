@@ -383,11 +383,6 @@ int xp_pread(void *handle, void *buf, uint32_t count, uint64_t offset,
                          strerror(-ret));
             break;
         }
-        /*
-         * A read-only handle's data records after a crash: their bytes
-         * may not be in place (a writer's open wrote them; none then)
-         */
-        extree_data_log_overlay(xp.t, offset, pos - offset, out);
         out += pos - offset;
         count = left;
         offset = pos;

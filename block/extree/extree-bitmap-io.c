@@ -285,21 +285,6 @@ void extree_bitmaps_free(Extree *t)
     extree_rs_clear(&t->bm.map_hosts);
     t->bm.map_replayed = 0;
     t->bm.unlogged = t->bm.logging = false;
-    extree_data_log_drop(t);
-    t->bm.data_replayed = 0;
-}
-
-void extree_data_log_drop(Extree *t)
-{
-    if (t->bm.data_replay) {
-        g_array_free(t->bm.data_replay, true);
-        t->bm.data_replay = NULL;
-    }
-    if (t->bm.data_bytes) {
-        g_byte_array_free(t->bm.data_bytes, true);
-        t->bm.data_bytes = NULL;
-    }
-    extree_rs_clear(&t->bm.data_guests);
 }
 
 /* One entry at @p (@left bytes of the directory left); *@why on damage */

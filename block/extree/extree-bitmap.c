@@ -447,21 +447,6 @@ static bool mark_bits(Extree *t, uint64_t guest, uint64_t bytes)
 
 void extree_bitmaps_mark(Extree *t, uint64_t guest, uint64_t bytes)
 {
-    if (t->bm.data_guests.count &&
-        extree_rs_overlaps(&t->bm.data_guests, guest, bytes)) {
-        /*
-         * Over bytes a data entry of the chain holds: a replay would write
-         * them back over this write, so the next flush commits (which
-         * ends the chain) instead of relying on records
-         */
-        t->bm.unlogged = true;
-        t->super_dirty = true;
-    }
-    extree_bitmaps_mark_own(t, guest, bytes);
-}
-
-void extree_bitmaps_mark_own(Extree *t, uint64_t guest, uint64_t bytes)
-{
     if (mark_bits(t, guest, bytes)) {
         extree_bm_changed(t);
     }

@@ -290,12 +290,8 @@ static int replace(Extree *t, const ExtreeItem *it, uint64_t guest,
         t->broken = true;
         t->broken_nospace = ret == -ENOSPC;
     } else {
-        /*
-         * the live tree's mapping changed: in this transaction's marks (no
-         * byte a data entry holds is written over in place: a replay
-         * applies data entries before the map entries that follow)
-         */
-        extree_bitmaps_mark_own(t, guest, bytes);
+        /* the live tree's mapping changed: in this transaction's marks */
+        extree_bitmaps_mark(t, guest, bytes);
     }
     return ret;
 }

@@ -721,28 +721,7 @@ typedef struct ExtreeBitmaps {
     bool map_failed, map_skip;
     bool map_wanted;
     uint32_t flush_commits;
-    /*
-     * Data records (EXTREE_INCOMPAT_DATA_LOG): the guest ranges of the
-     * chain's data entries (a write in place over them makes the next
-     * flush commit, or a replay would write the logged bytes over it:
-     * extree_bitmaps_mark()); the chain's entries read at the last load
-     * (ExtreeDataReplay, their bytes in @data_bytes), applied in place by
-     * a writer's open (then freed), or laid over what a read-only
-     * handle reads (extree_data_log_overlay()); entries applied at the
-     * last open; the next commit sets the feature (@data_wanted, a caller
-     * asked for it, or the image has it).
-     */
-    ExtreeRangeSet data_guests;
-    GArray *data_replay;
-    GByteArray *data_bytes;
-    uint32_t data_replayed;
-    bool data_wanted;
 } ExtreeBitmaps;
-
-/* A data entry of the chain, its bytes at @off in ExtreeBitmaps.data_bytes */
-typedef struct ExtreeDataReplay {
-    uint64_t guest, length, off;
-} ExtreeDataReplay;
 
 /* What a checker's handle found at open (extree-check.c) */
 typedef struct ExtreeCheckState {

@@ -92,155 +92,16 @@ static char *map_record_bad(const Extree *t, const uint8_t *rec,
     return NULL;
 }
 
-/* Slots the data of entry @e of a data record takes */
-static uint32_t data_slots(uint64_t len)
-{
-    return EXTREE_ROUND_UP(len, EXTREE_MARK_LOG_RECORD) /
-           EXTREE_MARK_LOG_RECORD;
-}
-
-#define DE_OFF(f) offsetof(ExtreeDiskDataLogEntry, f)
-
-/*
- * Why the entries of valid data record @rec at slot @seq cannot be
- * (g_free()), or NULL; *@span: the slots it takes with its data
- */
-static char *data_record_bad(const Extree *t, const uint8_t *rec,
-                             uint32_t seq, uint32_t *span)
-{
-    uint32_t count = ext_ld32(rec + LH_OFF(count));
-    const uint8_t *e = rec + sizeof(ExtreeDiskMarkLogHeader);
-    uint64_t n = 1;
-
-    if (count == 0 || count > EXTREE_DATA_LOG_ENTRIES) {
-        return g_strdup_printf("bad count %u (1 to %zu)", count,
-                               (size_t)EXTREE_DATA_LOG_ENTRIES);
-    }
-    for (uint32_t i = 0; i < count; i++, e += sizeof(ExtreeDiskDataLogEntry)) {
-        uint64_t guest = ext_ld64(e + DE_OFF(guest));
-        uint64_t len = ext_ld32(e + DE_OFF(length));
-
-        if (len == 0 || len > EXTREE_DATA_LOG_MAX_ENTRY ||
-            guest >= t->virtual_size || len > t->virtual_size - guest) {
-            return g_strdup_printf("data entry %u: guest offset 0x%" PRIx64
-                                   " length 0x%" PRIx64 " is not inside "
-                                   "the virtual disk", i, guest, len);
-        }
-        n += data_slots(len);
-    }
-    if (n > slots(t) - seq) {
-        return g_strdup_printf("its data (%" PRIu64 " slots) runs past the "
-                               "end of the log", n - 1);
-    }
-    *span = n;
-    return NULL;
-}
-
-/*
- * Is the data of every entry of data record @rec (its slots follow it in
- * @rec's buffer) what its checksum says?  Not: the record was torn, and
- * no flush covered it or anything after it.
- */
-static bool data_record_durable(const uint8_t *rec)
-{
-    uint32_t count = ext_ld32(rec + LH_OFF(count));
-    const uint8_t *e = rec + sizeof(ExtreeDiskMarkLogHeader);
-    const uint8_t *d = rec + EXTREE_MARK_LOG_RECORD;
-
-    for (uint32_t i = 0; i < count; i++, e += sizeof(ExtreeDiskDataLogEntry)) {
-        uint32_t len = ext_ld32(e + DE_OFF(length));
-
-        if (extree_crc32c(0, d, len) != ext_ld32(e + DE_OFF(csum))) {
-            return false;
-        }
-        d += (size_t)data_slots(len) * EXTREE_MARK_LOG_RECORD;
-    }
-    return true;
-}
-
-/*
- * A later map entry of the chain maps guest [@guest, + @len) elsewhere:
- * the data entries before it no longer say what a reader reads there
- * (the writer's replay writes them in place before the maps apply, where
- * the maps then free the blocks)
- */
-static void data_replay_punch(Extree *t, uint64_t guest, uint64_t len)
-{
-    GArray *a = t->bm.data_replay;
-    GArray *b;
-
-    if (!a || !a->len) {
-        return;
-    }
-    b = g_array_sized_new(false, false, sizeof(ExtreeDataReplay), a->len);
-    for (guint i = 0; i < a->len; i++) {
-        ExtreeDataReplay d = g_array_index(a, ExtreeDataReplay, i);
-        uint64_t end = d.guest + d.length;
-
-        if (end <= guest || d.guest >= guest + len) {
-            g_array_append_val(b, d);
-            continue;
-        }
-        if (d.guest < guest) {
-            ExtreeDataReplay h = { d.guest, guest - d.guest, d.off };
-
-            g_array_append_val(b, h);
-        }
-        if (end > guest + len) {
-            uint64_t skip = guest + len - d.guest;
-            ExtreeDataReplay tl = { guest + len, end - (guest + len),
-                                    d.off + skip };
-
-            g_array_append_val(b, tl);
-        }
-    }
-    g_array_free(a, true);
-    t->bm.data_replay = b;
-}
-
-/* Keep the entries of durable data record @rec for the replay */
-static void data_record_keep(Extree *t, const uint8_t *rec)
-{
-    uint32_t count = ext_ld32(rec + LH_OFF(count));
-    const uint8_t *e = rec + sizeof(ExtreeDiskMarkLogHeader);
-    const uint8_t *d = rec + EXTREE_MARK_LOG_RECORD;
-
-    if (!t->bm.data_replay) {
-        t->bm.data_replay = g_array_new(false, false,
-                                        sizeof(ExtreeDataReplay));
-        t->bm.data_bytes = g_byte_array_new();
-    }
-    for (uint32_t i = 0; i < count; i++, e += sizeof(ExtreeDiskDataLogEntry)) {
-        ExtreeDataReplay dr = {
-            .guest = ext_ld64(e + DE_OFF(guest)),
-            .length = ext_ld32(e + DE_OFF(length)),
-            .off = t->bm.data_bytes->len,
-        };
-
-        g_byte_array_append(t->bm.data_bytes, d, dr.length);
-        g_array_append_val(t->bm.data_replay, dr);
-        extree_rs_union(&t->bm.data_guests, dr.guest, dr.length);
-        /* the marks of the write, as a mark record's */
-        extree_bitmaps_mark_logged(t, dr.guest, dr.length);
-        extree_bitmaps_logged_add(t, dr.guest, dr.length);
-        d += (size_t)data_slots(dr.length) * EXTREE_MARK_LOG_RECORD;
-    }
-}
-
 /* Why the ranges of a valid record cannot be (g_free()), NULL if they can */
 static char *record_bad(const Extree *t, const uint8_t *rec,
-                        uint64_t data_end, uint32_t seq, uint32_t *span)
+                        uint64_t data_end)
 {
     uint32_t count = ext_ld32(rec + LH_OFF(count));
     uint32_t kind = ext_ld32(rec + LH_OFF(kind));
     const uint8_t *r = rec + sizeof(ExtreeDiskMarkLogHeader);
 
-    *span = 1;
     if (kind == EXTREE_LOG_MAPS && (t->incompat & EXTREE_INCOMPAT_MAP_LOG)) {
         return map_record_bad(t, rec, data_end);
-    }
-    if (kind == EXTREE_LOG_DATA && (t->incompat & EXTREE_INCOMPAT_DATA_LOG)) {
-        return data_record_bad(t, rec, seq, span);
     }
     if (kind != EXTREE_LOG_MARKS) {
         return g_strdup_printf("unknown kind %u", kind);
@@ -323,7 +184,6 @@ static void map_record_keep(Extree *t, const uint8_t *rec)
             .csum = ext_ld32(e + offsetof(ExtreeDiskMapLogEntry, csum)),
         };
         g_array_append_val(t->bm.map_replay, me);
-        data_replay_punch(t, me.guest, me.length);
     }
 }
 
@@ -333,7 +193,6 @@ static void map_state_clear(Extree *t)
         g_array_set_size(t->bm.map_pending, 0);
     }
     extree_rs_clear(&t->bm.map_hosts);
-    extree_rs_clear(&t->bm.data_guests);
     t->bm.unlogged = false;
 }
 
@@ -343,7 +202,7 @@ int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
     /* the chain of the transaction after the state (a corrupt mark lags) */
     uint64_t gen = sb->generation + 1 - sb->log_lag;
     uint8_t *buf;
-    uint32_t seq, span;
+    uint32_t seq;
     int ret;
 
     t->bm.log = sb->mark_log;
@@ -354,10 +213,7 @@ int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
     t->bm.flush_commits = 0;
     t->bm.log_next = t->bm.log_replayed = 0;
     t->bm.map_replayed = 0;
-    t->bm.data_replayed = 0;
-    t->bm.data_wanted = !!(sb->incompat & EXTREE_INCOMPAT_DATA_LOG);
     map_state_clear(t);
-    extree_data_log_drop(t);
     if (t->bm.map_replay) {
         g_array_set_size(t->bm.map_replay, 0);
     }
@@ -366,17 +222,16 @@ int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
     }
     buf = g_malloc(t->bm.log_len);
     ret = t->be->ops->pread(t->be->opaque, t->bm.log, buf, t->bm.log_len);
-    for (seq = 0; ret == 0 && seq < slots(t); seq += span) {
+    for (seq = 0; ret == 0 && seq < slots(t); seq++) {
         const uint8_t *rec = buf + (size_t)seq * EXTREE_MARK_LOG_RECORD;
         const uint8_t *r = rec + sizeof(ExtreeDiskMarkLogHeader);
         uint64_t off = t->bm.log + (uint64_t)seq * EXTREE_MARK_LOG_RECORD;
         char *why;
 
-        span = 1;
         if (!record_valid(rec, gen, seq)) {
             break;
         }
-        why = record_bad(t, rec, data_end, seq, &span);
+        why = record_bad(t, rec, data_end);
         if (why) {
             char *msg = g_strdup_printf("corrupt mark log at offset 0x%"
                                         PRIx64 ": record %u: %s", off, seq,
@@ -401,14 +256,6 @@ int extree_mark_log_load(Extree *t, const ExtreeSuper *sb, bool tolerate)
                 break;
             }
             map_record_keep(t, rec);
-            continue;
-        }
-        if (ext_ld32(rec + LH_OFF(kind)) == EXTREE_LOG_DATA) {
-            if (!data_record_durable(rec)) {
-                /* torn: neither it nor anything after it was flushed */
-                break;
-            }
-            data_record_keep(t, rec);
             continue;
         }
         for (uint32_t i = 0; i < ext_ld32(rec + LH_OFF(count));
@@ -534,16 +381,14 @@ uint64_t extree_mark_log_granule(Extree *t)
 
 bool extree_mark_log_checkpoint_wanted(const Extree *t)
 {
-    return (t->bm.dirty_logged || t->bm.map_hosts.count ||
-            t->bm.data_guests.count) && t->bm.log_ok &&
+    return (t->bm.dirty_logged || t->bm.map_hosts.count) && t->bm.log_ok &&
            (t->bm.log_next >= slots(t) / 2 ||
             t->bm.map_hosts.bytes > EXTREE_MAP_LOG_MAX_BYTES);
 }
 
 bool extree_mark_log_pending(const Extree *t)
 {
-    return (t->bm.dirty_logged || t->bm.map_hosts.count ||
-            t->bm.data_guests.count) && !t->read_only;
+    return (t->bm.dirty_logged || t->bm.map_hosts.count) && !t->read_only;
 }
 
 void extree_mark_log_checkpoint(Extree *t)
@@ -562,8 +407,6 @@ void extree_mark_log_info(const Extree *t, ExtreeMarkLogInfo *info)
     info->replayed = t->bm.log_replayed;
     info->maps = !!(t->incompat & EXTREE_INCOMPAT_MAP_LOG);
     info->map_replayed = t->bm.map_replayed;
-    info->data = !!(t->incompat & EXTREE_INCOMPAT_DATA_LOG);
-    info->data_replayed = t->bm.data_replayed;
 }
 
 /* ---- Map records ---- */
@@ -701,158 +544,6 @@ int extree_map_log_sync(Extree *t)
     return ret;
 }
 
-/* ---- Data records ---- */
-
-bool extree_data_log_usable(Extree *t)
-{
-    /* two slots at least: a record and its data, in the first half */
-    return (t->incompat & EXTREE_INCOMPAT_DATA_LOG) && !t->bm.unlogged &&
-           extree_bitmap_count(t) && extree_map_log_usable(t) &&
-           t->bm.log_next + 2 <= slots(t) / 2;
-}
-
-void extree_data_log_want(Extree *t)
-{
-    if (!t->bm.data_wanted && t->bm.log && !t->read_only && !t->bm.no_log) {
-        /*
-         * the next commit sets the feature; no record holds that, so the
-         * next flush commits (map records alone would leave it pending)
-         */
-        t->bm.data_wanted = true;
-        t->bm.unlogged = true;
-        t->super_dirty = true;
-    }
-}
-
-int extree_data_log_records(Extree *t, const ExtreeDataEntry *e, unsigned n,
-                            unsigned *taken, uint8_t **records,
-                            uint64_t *offset, uint64_t *len)
-{
-    uint32_t end = slots(t) / 2, first = t->bm.log_next, pos = first;
-    uint64_t gran = extree_bitmaps_min_granule(t);
-    uint64_t space = 0;
-    unsigned i = 0;
-    uint8_t *buf;
-    int ret = extree_check_writable(t);
-
-    *records = NULL;
-    *taken = 0;
-    *len = 0;
-    if (ret < 0) {
-        return ret;
-    }
-    if (!extree_data_log_usable(t)) {
-        return -ENOSPC;
-    }
-    for (unsigned k = 0; k < n; k++) {
-        if (!e[k].length || e[k].length > EXTREE_DATA_LOG_MAX_ENTRY ||
-            e[k].guest >= t->virtual_size ||
-            e[k].length > t->virtual_size - e[k].guest) {
-            return -EINVAL;
-        }
-    }
-    /* the slots: records, each followed by its entries' data */
-    buf = g_malloc0((size_t)(end - first) * EXTREE_MARK_LOG_RECORD);
-    while (i < n && pos + 1 + data_slots(e[i].length) <= end) {
-        uint8_t *rec = buf + (size_t)(pos - first) * EXTREE_MARK_LOG_RECORD;
-        uint8_t *p = rec + sizeof(ExtreeDiskMarkLogHeader);
-        uint32_t rseq = pos, count = 0;
-
-        pos++;
-        while (i < n && count < EXTREE_DATA_LOG_ENTRIES &&
-               pos + data_slots(e[i].length) <= end) {
-            uint8_t *d = buf + (size_t)(pos - first) * EXTREE_MARK_LOG_RECORD;
-
-            space += extree_bitmaps_mark_space(t, e[i].guest, e[i].length);
-            memcpy(d, e[i].data, e[i].length);
-            ext_st64(p + DE_OFF(guest), e[i].guest);
-            ext_st32(p + DE_OFF(length), e[i].length);
-            ext_st32(p + DE_OFF(csum), extree_crc32c(0, d, e[i].length));
-            p += sizeof(ExtreeDiskDataLogEntry);
-            pos += data_slots(e[i].length);
-            count++;
-            i++;
-        }
-        ext_st64(rec + LH_OFF(magic), EXTREE_MARK_LOG_MAGIC);
-        ext_st64(rec + LH_OFF(generation), t->trans_gen);
-        ext_st32(rec + LH_OFF(seq), rseq);
-        ext_st32(rec + LH_OFF(count), count);
-        ext_st32(rec + LH_OFF(kind), EXTREE_LOG_DATA);
-        ext_st32(rec + LH_OFF(csum), record_csum(rec));
-        extree_trace(t, EXTREE_TRACE_MARK_LOG, t->trans_gen, rseq, count);
-    }
-    /*
-     * The chunks the marks change are written by the next commit: on
-     * storage of fixed size only where the guard keeps room for them (the
-     * writes then take the mark records' path, under the same guard)
-     */
-    if (!i || !extree_alloc_update_fits(t, space)) {
-        g_free(buf);
-        return -ENOSPC;
-    }
-    for (unsigned k = 0; k < i; k++) {
-        uint64_t s0 = e[k].guest / gran * gran;
-        uint64_t s1 = MIN(EXTREE_ROUND_UP(e[k].guest + e[k].length, gran),
-                          t->virtual_size);
-
-        /* set now: a commit before the writes in place stores them too */
-        extree_bitmaps_mark_logged(t, s0, s1 - s0);
-        extree_rs_union(&t->bm.data_guests, e[k].guest, e[k].length);
-    }
-    *offset = t->bm.log + (uint64_t)first * EXTREE_MARK_LOG_RECORD;
-    *len = (uint64_t)(pos - first) * EXTREE_MARK_LOG_RECORD;
-    *records = buf;
-    *taken = i;
-    t->bm.log_next = pos;
-    return 0;
-}
-
-void extree_data_log_durable(Extree *t, const ExtreeDataEntry *e, unsigned n)
-{
-    uint64_t gran = extree_bitmaps_min_granule(t);
-
-    for (unsigned k = 0; k < n; k++) {
-        uint64_t s0 = e[k].guest / gran * gran;
-        uint64_t s1 = MIN(EXTREE_ROUND_UP(e[k].guest + e[k].length, gran),
-                          t->virtual_size);
-
-        extree_bitmaps_logged_add(t, s0, s1 - s0);
-    }
-}
-
-bool extree_data_log_overlaps(Extree *t, uint64_t guest, uint64_t bytes)
-{
-    GArray *a = t->bm.data_replay;
-
-    for (guint i = 0; a && i < a->len; i++) {
-        ExtreeDataReplay *d = &g_array_index(a, ExtreeDataReplay, i);
-
-        if (d->guest < guest + bytes && guest < d->guest + d->length) {
-            return true;
-        }
-    }
-    return false;
-}
-
-void extree_data_log_overlay(Extree *t, uint64_t guest, uint64_t bytes,
-                             uint8_t *buf)
-{
-    GArray *a = t->bm.data_replay;
-
-    /* in chain order: a later entry's bytes win */
-    for (guint i = 0; a && i < a->len; i++) {
-        ExtreeDataReplay *d = &g_array_index(a, ExtreeDataReplay, i);
-        uint64_t s0 = MAX(d->guest, guest);
-        uint64_t s1 = MIN(d->guest + d->length, guest + bytes);
-
-        if (s0 < s1) {
-            memcpy(buf + (s0 - guest),
-                   t->bm.data_bytes->data + d->off + (s0 - d->guest),
-                   s1 - s0);
-        }
-    }
-}
-
 /*
  * Commit step 2: a log for an image with bitmaps, where the room allows
  * (it is a help, never a need: without it writes go to new space as
@@ -872,12 +563,6 @@ int extree_mark_log_commit_prepare(Extree *t)
         t->incompat |= EXTREE_INCOMPAT_MAP_LOG;
         t->super_dirty = true;
     }
-    if (want && t->bm.log && t->bm.data_wanted &&
-        !(t->incompat & EXTREE_INCOMPAT_DATA_LOG)) {
-        /* asked for: its records may carry data from now on */
-        t->incompat |= EXTREE_INCOMPAT_DATA_LOG;
-        t->super_dirty = true;
-    }
     if (want && !t->bm.log) {
         if (extree_alloc_data_allowance(t, 0) / 2 < len) {
             return 0;
@@ -890,9 +575,6 @@ int extree_mark_log_commit_prepare(Extree *t)
         t->bm.log_len = len;
         t->bm.log_ok = false;
         t->incompat |= EXTREE_INCOMPAT_MARK_LOG | EXTREE_INCOMPAT_MAP_LOG;
-        if (t->bm.data_wanted) {
-            t->incompat |= EXTREE_INCOMPAT_DATA_LOG;
-        }
         t->super_dirty = true;
     } else if (!want && t->bm.log) {
         ret = t->sm.ops->dec_ref(t->sm.opaque, t->bm.log, t->bm.log_len,
@@ -903,9 +585,7 @@ int extree_mark_log_commit_prepare(Extree *t)
         t->bm.log = 0;
         t->bm.log_len = 0;
         t->bm.log_ok = false;
-        t->incompat &= ~(EXTREE_INCOMPAT_MARK_LOG | EXTREE_INCOMPAT_MAP_LOG |
-                         EXTREE_INCOMPAT_DATA_LOG);
-        t->bm.data_wanted = false;
+        t->incompat &= ~(EXTREE_INCOMPAT_MARK_LOG | EXTREE_INCOMPAT_MAP_LOG);
         t->super_dirty = true;
     }
     return 0;

@@ -157,8 +157,6 @@ void extree_bitmaps_commit_done(Extree *t);
 void extree_bitmaps_mark_logged(Extree *t, uint64_t guest, uint64_t bytes);
 /* Records of the log: [@guest, + @bytes) is marked durably */
 void extree_bitmaps_logged_add(Extree *t, uint64_t guest, uint64_t bytes);
-/* Data records (extree-marklog.c): forget the chain's entries, bytes */
-void extree_data_log_drop(Extree *t);
 /* The granularity of the finest bitmap (block_size without one) */
 uint64_t extree_bitmaps_min_granule(Extree *t);
 

@@ -328,11 +328,6 @@ int extree_sb_decode(const uint8_t *buf, ExtreeSuper *s, char **why,
         *why = g_strdup("map log feature without a mark log");
         return -EINVAL;
     }
-    if ((s->incompat & EXTREE_INCOMPAT_DATA_LOG) &&
-        !(s->incompat & EXTREE_INCOMPAT_MAP_LOG)) {
-        *why = g_strdup("data log feature without the map log feature");
-        return -EINVAL;
-    }
     if (!(s->incompat & EXTREE_INCOMPAT_LOG_LAG) != !s->log_lag ||
         (s->log_lag && (!(s->incompat & EXTREE_INCOMPAT_MAP_LOG) ||
                         s->log_lag > s->generation))) {

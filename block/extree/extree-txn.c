@@ -224,91 +224,6 @@ static int map_log_apply(Extree *t)
 }
 
 /*
- * The chain's data entries found by extree_mark_log_load(), against the
- * committed state (before its map entries: an entry's blocks are the
- * committed mapping's, spec: Mark log, data records): each guest range
- * must be DATA that no snapshot shares.  A writer writes the bytes in
- * place (its next commit's first flush makes them durable; until then a
- * replay writes them again) and drops them; a read-only handle keeps
- * them, laid over what it reads.  A checker's handle only checks them.
- */
-static int data_log_apply(Extree *t, const ExtreeOpenOptions *o)
-{
-    GArray *a = t->bm.data_replay;
-    bool write = !t->read_only;
-    ExtreeCursor cur;
-    char *msg = NULL;
-    int ret = 0;
-
-    if (!a || !a->len) {
-        return 0;
-    }
-    extree_cursor_init(&cur, t);
-    for (guint i = 0; ret == 0 && !msg && i < a->len; i++) {
-        ExtreeDataReplay *d = &g_array_index(a, ExtreeDataReplay, i);
-        uint64_t pos = d->guest, end = d->guest + d->length;
-
-        while (ret == 0 && !msg && pos < end) {
-            ExtreeRun run;
-            bool shared = false;
-            uint64_t host, n;
-
-            ret = extree_cursor_query(&cur, pos, end - pos,
-                                      EXTREE_COALESCE_HOST, &run);
-            if (ret < 0) {
-                break;
-            }
-            n = run.length;
-            host = run.host;
-            if (run.type == EXTREE_RUN_DATA) {
-                /* a reader without the counts takes it as unshared */
-                uint64_t bs = t->block_size;
-                uint64_t b0 = pos / bs * bs;
-
-                ret = extree_data_shared(t, b0, EXTREE_ROUND_UP(pos + n, bs)
-                                         - b0, host - (pos - b0), &shared);
-                if (ret < 0) {
-                    break;
-                }
-            }
-            if (run.type != EXTREE_RUN_DATA || shared) {
-                msg = g_strdup_printf("corrupt mark log at offset 0x%" PRIx64
-                                      ": data entry %u: guest offset 0x%"
-                                      PRIx64 " is not data of its own",
-                                      t->bm.log, i, pos);
-                break;
-            }
-            if (write) {
-                ret = t->be->ops->pwrite(t->be->opaque, host,
-                                         t->bm.data_bytes->data + d->off +
-                                         (pos - d->guest), n);
-            }
-            pos += n;
-        }
-        if (ret == 0 && !msg) {
-            t->bm.data_replayed++;
-        }
-    }
-    extree_cursor_release(&cur);
-    if (msg && (o->check || t->repair)) {
-        /* the records' marks and data are unknown: -r all marks whole */
-        g_free(t->bm.log_bad);
-        t->bm.log_bad = msg;
-        msg = NULL;
-        g_array_set_size(a, 0);
-    } else if (msg) {
-        ret = extree_corrupt(t, t->bm.log, "%s", msg);
-    }
-    g_free(msg);
-    if (write && t->bm.data_replay) {
-        /* in place now; the guest ranges stay in data_guests */
-        g_array_set_size(t->bm.data_replay, 0);
-        g_byte_array_set_size(t->bm.data_bytes, 0);
-    }
-    return ret;
-}
-
-/*
  * The map records of the chain (spec: Mark log, map records), applied.  A
  * read-only handle loads the free space and reference counts for it.  A
  * checker's handle does not apply them: it checks the committed state and
@@ -450,10 +365,6 @@ static int load_state(Extree *t, const ExtreeSuper *sb,
         if (ret < 0 && t->repair) {
             ret = 0;
         }
-    }
-    if (ret == 0) {
-        /* before the maps: the data entries are against this state */
-        ret = data_log_apply(t, o);
     }
     if (ret == 0 && t->bm.map_replay && t->bm.map_replay->len &&
         !(o->check && t->read_only)) {

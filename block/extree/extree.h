@@ -771,8 +771,6 @@ typedef struct ExtreeMarkLogInfo {
     uint32_t replayed;          /* of them, found at the last open */
     bool maps;                  /* EXTREE_INCOMPAT_MAP_LOG */
     uint32_t map_replayed;      /* map entries applied at the last open */
-    bool data;                  /* EXTREE_INCOMPAT_DATA_LOG */
-    uint32_t data_replayed;     /* data entries applied at the last open */
 } ExtreeMarkLogInfo;
 void extree_mark_log_info(const Extree *t, ExtreeMarkLogInfo *info);
 
@@ -817,43 +815,6 @@ void extree_map_log_failed(Extree *t);
  * writes the records through the backend; the caller flushes it
  */
 int extree_map_log_sync(Extree *t);
-
-/*
- * Data records (spec: Mark log, data records; EXTREE_INCOMPAT_DATA_LOG):
- * a write in place over granules the committed bitmaps lack, whose bytes
- * a flush makes durable in the log with its marks, so that the flush
- * costs one device flush, and the write in place follows off its path.
- * At a flush, if extree_data_log_usable(), the caller takes the records
- * of such writes (@n entries, the data of each must stay unchanged) from
- * extree_data_log_records(): *@taken of them (a prefix, at least one)
- * fit, their records and data are *@len bytes for consecutive slots at
- * *@offset (g_free() the buffer).  It writes them, flushes the backend,
- * calls extree_data_log_durable() (or extree_map_log_failed()), and only
- * then writes each entry's bytes in place, marking them with
- * extree_bitmaps_mark_own(); a commit waits until they are written.  No
- * commit and no other record may run between taking and durable.
- * A caller that would use them on an image without the feature asks for
- * it with extree_data_log_want() (the next commit sets it).
- * A read-only handle lays the data of the chain's entries over what it
- * reads with extree_data_log_overlay() (a writer's open wrote them in
- * place).
- */
-typedef struct ExtreeDataEntry {
-    uint64_t guest;
-    uint32_t length;            /* bytes, 1 to EXTREE_DATA_LOG_MAX_ENTRY */
-    const void *data;
-} ExtreeDataEntry;
-bool extree_data_log_usable(Extree *t);
-void extree_data_log_want(Extree *t);
-int extree_data_log_records(Extree *t, const ExtreeDataEntry *e, unsigned n,
-                            unsigned *taken, uint8_t **records,
-                            uint64_t *offset, uint64_t *len);
-void extree_data_log_durable(Extree *t, const ExtreeDataEntry *e,
-                             unsigned n);
-void extree_data_log_overlay(Extree *t, uint64_t guest, uint64_t bytes,
-                             uint8_t *buf);
-/* Has the read-only handle data entries over guest [@guest, + @bytes)? */
-bool extree_data_log_overlaps(Extree *t, uint64_t guest, uint64_t bytes);
 
 /* ---- Persistent dirty bitmaps (EXTREE_INCOMPAT_BITMAPS) ---- */
 
@@ -927,12 +888,6 @@ bool extree_bitmaps_in_place(Extree *t, uint64_t guest, uint64_t bytes);
  * (extree_in_place()).  O(bitmaps + granules).
  */
 void extree_bitmaps_mark(Extree *t, uint64_t guest, uint64_t bytes);
-/*
- * The same for the write in place of a data entry's own bytes (they are
- * the bytes a replay writes): extree_bitmaps_mark() makes the next flush
- * commit for a write in place over a data entry's range
- */
-void extree_bitmaps_mark_own(Extree *t, uint64_t guest, uint64_t bytes);
 /* Upper bound of the bytes a bitmap takes (qemu-img measure) */
 uint64_t extree_bitmap_meta_bytes(uint64_t virtual_size, uint32_t block_size,
                                   size_t name_len, uint64_t granularity);

@@ -129,21 +129,11 @@
 #define EXTREE_INCOMPAT_LOG_LAG_BITNR   7
 #define EXTREE_INCOMPAT_LOG_LAG \
     (1ULL << EXTREE_INCOMPAT_LOG_LAG_BITNR)
-/*
- * EXTREE_INCOMPAT_DATA_LOG (only with the map log bit): the mark log may
- * hold data records, writes in place whose data the record carries (one
- * device flush makes them durable); a reader that does not replay them
- * would see old data where a flushed write went
- */
-#define EXTREE_INCOMPAT_DATA_LOG_BITNR  8
-#define EXTREE_INCOMPAT_DATA_LOG \
-    (1ULL << EXTREE_INCOMPAT_DATA_LOG_BITNR)
 #define EXTREE_INCOMPAT_MASK \
     (EXTREE_INCOMPAT_CORRUPT | EXTREE_INCOMPAT_SNAPSHOTS | \
      EXTREE_INCOMPAT_ENCRYPTED | EXTREE_INCOMPAT_COMPRESSED | \
      EXTREE_INCOMPAT_BITMAPS | EXTREE_INCOMPAT_MARK_LOG | \
-     EXTREE_INCOMPAT_MAP_LOG | EXTREE_INCOMPAT_LOG_LAG | \
-     EXTREE_INCOMPAT_DATA_LOG)
+     EXTREE_INCOMPAT_MAP_LOG | EXTREE_INCOMPAT_LOG_LAG)
 
 /* Compatible features: none defined; unknown bits are ignored */
 #define EXTREE_COMPAT_MASK              0ULL
@@ -257,7 +247,6 @@ typedef struct __attribute__((packed)) ExtreeDiskMarkLogHeader {
 
 #define EXTREE_LOG_MARKS        0       /* ExtreeDiskMarkLogRange follow */
 #define EXTREE_LOG_MAPS         1       /* ExtreeDiskMapLogEntry follow */
-#define EXTREE_LOG_DATA         2       /* ExtreeDiskDataLogEntry follow */
 
 typedef struct __attribute__((packed)) ExtreeDiskMarkLogRange {
     uint64_t start;             /* guest offset */
@@ -284,23 +273,6 @@ typedef struct __attribute__((packed)) ExtreeDiskMapLogEntry {
 #define EXTREE_MAP_LOG_ENTRIES \
     ((EXTREE_MARK_LOG_RECORD - sizeof(ExtreeDiskMarkLogHeader)) / \
      sizeof(ExtreeDiskMapLogEntry))
-
-/*
- * A data record's entry (data bit): guest [guest, + length) was written in
- * place with the bytes that follow the record, each entry's from a slot
- * boundary (the record spans 1 + the sum of ROUND_UP(length, 4096) / 4096
- * slots); @csum is their CRC-32C
- */
-typedef struct __attribute__((packed)) ExtreeDiskDataLogEntry {
-    uint64_t guest;             /*  0: guest offset */
-    uint32_t length;            /*  8: bytes, > 0 */
-    uint32_t csum;              /* 12: crc32c of the length bytes */
-} ExtreeDiskDataLogEntry;
-
-#define EXTREE_DATA_LOG_MAX_ENTRY (256 * 1024)
-#define EXTREE_DATA_LOG_ENTRIES \
-    ((EXTREE_MARK_LOG_RECORD - sizeof(ExtreeDiskMarkLogHeader)) / \
-     sizeof(ExtreeDiskDataLogEntry))
 
 #define EXTREE_NODE_MAGIC       0x444e5458U     /* "XTND" */
 
@@ -474,7 +446,6 @@ _Static_assert(__builtin_offsetof(ExtreeDiskSuper, mark_log_offset) == 256,
 _Static_assert(__builtin_offsetof(ExtreeDiskSuper, reserved2) == 272, "sb");
 _Static_assert(sizeof(ExtreeDiskMarkLogHeader) == 32, "mark log header");
 _Static_assert(sizeof(ExtreeDiskMarkLogRange) == 16, "mark log range");
-_Static_assert(sizeof(ExtreeDiskDataLogEntry) == 16, "data log entry");
 _Static_assert(sizeof(ExtreeDiskSnapHeader) == 64, "snapshot table header");
 _Static_assert(sizeof(ExtreeDiskSnapEntry) == EXTREE_SNAP_ENTRY_SIZE,
                "snapshot entry");

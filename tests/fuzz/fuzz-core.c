@@ -452,9 +452,6 @@ static bool ref_read(FzRef *ref, Extree *t, ExtreeBackend *be)
                 be->ops->pread(be->opaque, run.host + off, sec, SECTOR) < 0) {
                 break;
             }
-            if (run.type == EXTREE_RUN_DATA) {
-                extree_data_log_overlay(t, g + off, SECTOR, sec);
-            }
             if (inflated) {
                 memcpy(sec, inflated + (g - run.ext_guest) + off, SECTOR);
             }
@@ -903,7 +900,7 @@ static void check_status(FzRun *r, const ExtreeRun *run)
 }
 
 /* A run answered successfully (COALESCE_HOST): the data it reads */
-static void check_data(FzRun *r, Extree *t, const ExtreeRun *run)
+static void check_data(FzRun *r, const ExtreeRun *run)
 {
     uint8_t sec[SECTOR];
     uint64_t s, end, off = run_sectors(run, &s, &end);
@@ -928,8 +925,6 @@ static void check_data(FzRun *r, Extree *t, const ExtreeRun *run)
                                   SECTOR) < 0) {
                 continue;
             }
-            /* a read-only handle's data records, as the driver reads */
-            extree_data_log_overlay(t, s * SECTOR, SECTOR, sec);
             crc = extree_crc32c(0, sec, SECTOR);
         } else if (inflated) {
             crc = extree_crc32c(0, inflated + (run->guest - run->ext_guest) +
@@ -976,7 +971,7 @@ static void walk(FzRun *r, Extree *t, int coalesce, uint64_t max_bytes)
                       max_bytes, run.guest, run.length);
         }
         if (coalesce == EXTREE_COALESCE_HOST) {
-            check_data(r, t, &run);
+            check_data(r, &run);
         } else {
             check_status(r, &run);
         }
@@ -985,7 +980,7 @@ static void walk(FzRun *r, Extree *t, int coalesce, uint64_t max_bytes)
         if (g < vsize && (g & 1024)) {
             ret = extree_cursor_query_cached(&c, g, max_bytes, &run);
             if (ret == 0) {
-                check_data(r, t, &run);
+                check_data(r, &run);
                 g += run.length;
             }
         }
@@ -1003,7 +998,7 @@ static void lookup(FzRun *r, Extree *t, uint64_t guest, uint64_t bytes)
     }
     extree_lookup(t, guest, bytes, runs, G_N_ELEMENTS(runs), &n);
     for (int i = 0; i < n; i++) {
-        check_data(r, t, &runs[i]);
+        check_data(r, &runs[i]);
     }
 }
 

@@ -34,9 +34,6 @@ typedef struct Gen {
     bool tagged;
     /* marked corrupt at the end: a superblock the chain lags behind */
     bool corrupt;
-    /* data records at the end: entries at these guest offsets */
-    const uint64_t *data_guest;
-    unsigned ndata;
 } Gen;
 
 static uint64_t gen_rand(Gen *g)
@@ -296,32 +293,6 @@ static void gen_map_writes(Gen *g, const uint64_t *blk, unsigned n)
     g_free(zero);
 }
 
-/*
- * Data records of writes in place at g->data_guest (700 bytes each, across
- * a sector boundary), then a crash before the writes in place: a reader
- * finds them only in the log
- */
-static void gen_data_writes(Gen *g)
-{
-    ExtreeDataEntry e[8];
-    uint8_t data[8][700], *rec;
-    uint64_t off, len;
-    unsigned taken;
-
-    g_assert(g->ndata <= 8);
-    for (unsigned i = 0; i < g->ndata; i++) {
-        memset(data[i], 0xd0 + i, sizeof(data[i]));
-        e[i] = (ExtreeDataEntry){ g->data_guest[i], sizeof(data[i]),
-                                  data[i] };
-    }
-    must(extree_data_log_records(g->t, e, g->ndata, &taken, &rec, &off,
-                                 &len), "data records");
-    must(taken == g->ndata ? 0 : -ENOSPC, "all entries");
-    must(g->be->ops->pwrite(g->be->opaque, off, rec, len), "pwrite");
-    extree_data_log_durable(g->t, e, taken);
-    g_free(rec);
-}
-
 static void gen_finish_log(Gen *g, const char *dir, const char *name,
                            unsigned want_depth, const uint64_t *log_blk,
                            unsigned nlog, const uint64_t *map_blk,
@@ -351,10 +322,6 @@ static void gen_finish_log(Gen *g, const char *dir, const char *name,
     gen_map_writes(g, map_blk, nmap);
     if (nmap) {
         printf("%u map records, ", nmap);
-    }
-    if (g->ndata) {
-        gen_data_writes(g);
-        printf("%u data entries, ", g->ndata);
     }
     extree_close(g->t);
     if (g->corrupt) {
@@ -814,26 +781,6 @@ static void seed_map_log_corrupt(const char *dir)
                    G_N_ELEMENTS(blk), map_blk, G_N_ELEMENTS(map_blk));
 }
 
-/*
- * Data records (bit 8): two writes in place over clean granules, carried
- * by a data record, after a mark and a map record
- */
-static void seed_data_log(const char *dir)
-{
-    static const uint64_t blk[] = { 60 };
-    static const uint64_t map_blk[] = { 3000 };
-    static const uint64_t data_guest[] = { 90 * 512 + 100, 120 * 512 };
-    Gen g;
-
-    gen_start(&g, 2 << 20, 512, 4096, NULL, 15);
-    bitmaps_image(&g);
-    extree_data_log_want(g.t);
-    g.data_guest = data_guest;
-    g.ndata = G_N_ELEMENTS(data_guest);
-    gen_finish_log(&g, dir, "data-log-512.img", 1, blk, G_N_ELEMENTS(blk),
-                   map_blk, G_N_ELEMENTS(map_blk));
-}
-
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -854,7 +801,6 @@ int main(int argc, char **argv)
     seed_map_log(argv[1]);
     seed_map_log_corrupt(argv[1]);
     seed_map_log_plain(argv[1]);
-    seed_data_log(argv[1]);
     seed_crypt(argv[1]);
     seed_compressed(argv[1]);
     return 0;
