@@ -9,14 +9,15 @@
 # so that a FUA write is a write and an fdatasync (with aio=native it is
 # one io_submit).  Use a new SEED for each run on the same image: offsets
 # already written since the bitmap's clear no longer need a mark.
-# FMT=qcow2: the same for another format's image (default extree).
+# FMT=qcow2: the same for another format's image (default extree);
+# QSD=PATH: another qemu-storage-daemon binary.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 img=$1 opts=${2:-} seed=${3:-7}
 tmp=$(mktemp -d)
 sock=$tmp/qsd.sock
 strace -f -c -o "$tmp/strace" -e trace=fdatasync,pwrite64,pwritev \
-    "$top/build/qemu/storage-daemon/qemu-storage-daemon" \
+    "${QSD:-$top/build/qemu/storage-daemon/qemu-storage-daemon}" \
     --blockdev "driver=file,node-name=file,filename=$img,cache.direct=on,aio=threads" \
     --blockdev "driver=${FMT:-extree},node-name=fmt,file=file$opts" \
     --nbd-server "addr.type=unix,addr.path=$sock" \
